@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"index: {build_index()}"); return 0
         if args.cmd == "env":
             from labmod.envs.check import main as env_check_main
-            return env_check_main(["--env", *args.env] if args.env else [])
+            return env_check_main([a for e in (args.env or []) for a in ("--env", e)])
     except (ParameterError, SettingsError, FileNotFoundError) as e:
         print(f"labmod: error: {e}", file=sys.stderr); return 2
     return 2
