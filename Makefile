@@ -5,8 +5,9 @@ PY    := $(VENV)/bin/python
 PIP   := $(VENV)/bin/pip
 STAMP := $(VENV)/.labmod-installed
 SYS   := $(VENV)/.labmod-system
-# Debian packages the lab needs: Java for ScienceWorld / TextWorld-Express, Chromium for browser envs.
-APT_PACKAGES := chromium
+# Debian packages the lab needs: Chromium for browser envs; complete HTML websites (Python, PostgreSQL,
+# git and SQLite manuals) served locally for WebGym. Java 11+ (ScienceWorld, TextWorld-Express) is checked below.
+APT_PACKAGES := chromium python3.11-doc postgresql-doc-15 git-doc sqlite3-doc
 DEMO  ?= nbs/experiments/env_tour.ipynb
 
 .PHONY: setup system demo test lab export clean-venv
@@ -22,7 +23,7 @@ $(SYS):
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 	@mkdir -p $(VENV) && touch $@
 

@@ -1,0 +1,178 @@
+"""WebGym's task and reward side on real offline websites (Debian documentation packages) in real Chromium:
+rubric tasks with evidence, decomposition, the website-level split, the rule-based rubric evaluator measured
+on labelled trajectories from scripted browsing, and the web env wrappers.
+
+Needs the Debian packages postgresql-doc-15 git-doc sqlite3-doc python3.11-doc (at least three) and chromium.
+Run: .venv/bin/pytest tests/test_webgym.py -s   (prints the measured table and the dataset statistics)"""
+import json, urllib.request
+import pytest
+from labmod.core import Task
+from labmod.envs.core import MissingDependency, EnvError
+from labmod.envs.browser import BrowserEnv
+from labmod.websites import (SITES, DEFAULT_SITES, SiteSpec, installed_sites, serve_sites, site_spec, page_url, parse_html,
+                             load_webgym_tasks, read_page)
+from labmod.rubric import (generate_tasks, website_split, dataset_stats, decompose, can_decompose, make_task, rubric_facts,
+                           compact, page_facts, to_hf_dataset, difficulty_bin)
+from labmod.rubric_eval import (labelled_trajectories, evaluate_rubric, evaluate_evaluator, evaluator_table, browse_pages,
+                                trajectory_views)
+from labmod.web_env import make_web_task_env, step_budget
+
+NAMES = installed_sites(DEFAULT_SITES)
+pytestmark = pytest.mark.skipif(len(NAMES) < 3, reason="needs 3 of the Debian packages: apt-get install -y "
+                                + " ".join(SITES[n].package for n in DEFAULT_SITES))
+
+
+@pytest.fixture(scope="module")
+def sites():
+    return serve_sites(NAMES)
+
+
+@pytest.fixture(scope="module")
+def tasks():
+    ts = generate_tasks(NAMES, tasks_per_site=3, seed=0, max_pages=25)
+    return website_split(ts, test_websites=[NAMES[-1]])
+
+
+@pytest.fixture(scope="module")
+def browser():
+    env = BrowserEnv("web", step_limit=60)
+    yield env
+    env.close()
+
+
+@pytest.fixture(scope="module")
+def labelled(tasks, sites, browser):
+    # one task per site, preferring multi-page ones (they exercise the partial_page browse)
+    chosen = []
+    for name in NAMES[:3]:
+        own = sorted([t for t in tasks if t.rubric["website"] == name], key=lambda t: -len(t.rubric["groups"]))
+        chosen.append(own[0])
+    out = []
+    for i, t in enumerate(chosen):
+        out += labelled_trajectories(browser, t, sites, seed=i)
+    return out
+
+
+def test_tasks_from_three_sites_with_a_website_level_split(tasks):
+    assert len({t.rubric["website"] for t in tasks}) >= 3
+    train = {t.rubric["website"] for t in tasks if t.split == "train"}
+    test = {t.rubric["website"] for t in tasks if t.split == "test"}
+    assert test == {NAMES[-1]} and train and not train & test
+    for t in tasks:
+        assert t.env == "web" and t.difficulty == len(rubric_facts(t.rubric)) >= 1
+        assert t.metadata["difficulty_bin"] == difficulty_bin(t.difficulty)
+        for f in rubric_facts(t.rubric): assert f["question"] in t.instruction
+    stats = dataset_stats(tasks)
+    print("\ndataset stats:", json.dumps(stats))
+    ds = to_hf_dataset(tasks)
+    assert set(ds) == {"train", "test"} and sum(len(d) for d in ds.values()) == len(tasks)
+
+
+def test_every_fact_evidence_is_on_its_served_page(tasks, sites):
+    pages = {}
+    for t in tasks:
+        for f in rubric_facts(t.rubric):
+            url = page_url(sites, t.rubric["website"], f["evidence"]["url"])
+            if url not in pages:
+                html = urllib.request.urlopen(url, timeout=10).read().decode("utf-8", "replace")
+                pages[url] = compact(parse_html(html).text)
+            assert compact(f["evidence"]["text"]) in pages[url], (url, f["evidence"]["text"])
+            assert any(compact(a) in compact(f["evidence"]["text"]) for a in f["alternatives"])
+
+
+def test_decomposition_rules(tasks):
+    decomposable = [t for t in tasks if can_decompose(t)]
+    if not decomposable:       # build one from real page facts
+        from labmod.rubric import site_fact_pages
+        (p1, f1), (p2, f2) = [(p, fs) for p, fs in site_fact_pages(NAMES[0], max_pages=25) if len(fs) >= 3][:2]
+        decomposable = [make_task(NAMES[0], [{"name": p1.title, "page": p1.path, "facts": f1[:3]},
+                                             {"name": p2.title, "page": p2.path, "facts": f2[:1]}])]
+    for t in decomposable:
+        subs = decompose(t)
+        full = {f["id"] for f in rubric_facts(t.rubric)}
+        assert subs
+        for s in subs:
+            ids = {f["id"] for f in rubric_facts(s.rubric)}
+            assert ids and ids < full, "a subtask keeps a proper, non-empty subset of the facts"
+            assert s.difficulty < t.difficulty and s.metadata["parent"] == t.id
+            kept = {f["question"] for f in rubric_facts(s.rubric)}
+            assert all(q in s.instruction for q in kept)
+            assert all(q not in s.instruction for q in {f["question"] for f in rubric_facts(t.rubric)} - kept)
+            assert s.rubric["website"] == t.rubric["website"]
+        assert len({frozenset(f["id"] for f in rubric_facts(s.rubric)) for s in subs}) == len(subs)
+    single = [t for t in tasks if len(t.rubric["groups"]) == 1]
+    assert all(decompose(t) == [] for t in single)
+
+
+def test_rule_evaluator_on_scripted_browsing(labelled):
+    by_cat = {}
+    for traj, label, cat in labelled:
+        v = evaluate_rubric(traj)
+        by_cat.setdefault(cat, []).append(v)
+        if cat in ("success", "success_terse"):
+            assert v.reward == 1.0, (traj.task.id, v)
+            assert v.keypoints and all(ok for _, ok, _ in v.facts) and not v.hallucinated
+            # the evidence step of each fact is a step whose page holds it
+            steps, _ = trajectory_views(traj)
+            assert all(step in v.keypoints for _, _, step in v.facts)
+        if cat in ("partial_fact", "partial_page", "wrong_value"):
+            assert v.reward == 0.0 and not all(ok for _, ok, _ in v.facts), (cat, v)
+        if cat == "success_prose":
+            assert all(ok for _, ok, _ in v.facts), (traj.task.id, v)
+        if cat.startswith("hallucinated"):
+            assert v.reward == 0.0 and v.hallucinated, (cat, v)
+    assert {"success", "partial_fact", "partial_page", "hallucinated_extra"} <= set(by_cat)
+
+
+def test_precision_recall_rubric_vs_task_only(labelled):
+    res = evaluate_evaluator(labelled)
+    print(f"\nlabelled trajectories: {res['n']} ({res['positives']} successful)\n" + evaluator_table(res))
+    rules, task_only = res["judges"]["rubric_rules"], res["judges"]["task_only_rules"]
+    assert res["n"] >= 18 and 0 < res["positives"] < res["n"]
+    assert rules["precision"] == 1.0, "no partial or hallucinated trajectory may earn the rubric reward"
+    assert rules["recall"] >= 0.8
+    assert res["judges"]["rubric_rules_strict"]["precision"] == 1.0
+    assert task_only["precision"] < rules["precision"]
+
+
+def test_web_env_rubric_reward_and_repetition_penalty(tasks, sites):
+    task = min(tasks, key=lambda t: (len(t.rubric["groups"]), t.difficulty))
+    env = make_web_task_env(task, sites, penalty=0.2)
+    try:
+        assert env.inner.inner.step_limit == step_budget(task.difficulty)
+        obs = env.reset(task)
+        st = env.step("scroll(down)")
+        assert st.info["page_unchanged"] and st.info["repetition_penalty"] == 0.2 and st.reward == 0.0
+        st = env.step("click(987654)")                        # invalid: nothing happens
+        assert not st.info["valid"] and st.info["page_unchanged"]
+        nav = browse_pages(env, task, sites, [g["page"] for g in task.rubric["groups"]])
+        assert nav.turns and not any(t.info["page_unchanged"] for t in nav.turns)
+        st = env.step('answer(' + json.dumps("; ".join(f["answer"] for f in rubric_facts(task.rubric))) + ')')
+        assert st.done and st.reward == 1.0 and st.info["success"] and not st.info["page_unchanged"]
+        assert all(ok for _, ok, _ in st.info["rubric_verdict"]["facts"])
+        env.reset(task)
+        st = env.step('answer("I do not know")')
+        assert st.done and st.reward == 0.0 and not st.info["success"]
+    finally:
+        env.close()
+
+
+def test_webgym_task_file_loader(tmp_path):
+    recs = [{"task_name": "Find the price of a one-day pass and the museum's closing day", "domain": "Travel & Transportation",
+             "subdomain": "Travel & Accommodation", "website": "https://www.example-museum.org/", "difficulty": "medium",
+             "evaluator_reference": [{"description": "pass", "facts": ["price of a one-day pass", "currency"]},
+                                     {"description": "closing", "facts": ["closing day OR closed on Tuesdays"]}],
+             "reference_answer": "25 EUR; Tuesday"}]
+    p = tmp_path / "webgym.json"; p.write_text(json.dumps(recs))
+    (t,) = load_webgym_tasks(p)
+    assert t.instruction.startswith("Find the price") and t.difficulty == 3
+    assert t.config["url"] == "https://www.example-museum.org/" and "example-museum.org" in t.config["allowed_hosts"]
+    assert [len(g["facts"]) for g in t.rubric["groups"]] == [2, 1] and t.rubric["reference_answer"] == "25 EUR; Tuesday"
+    (tmp_path / "w.jsonl").write_text("\n".join(json.dumps(r) for r in recs))
+    assert load_webgym_tasks(tmp_path / "w.jsonl")[0].rubric == t.rubric
+    with pytest.raises(ValueError): load_webgym_tasks([{"task_name": "x"}])
+
+
+def test_missing_site_names_its_package(monkeypatch):
+    monkeypatch.setitem(SITES, "ghost", SiteSpec("ghost", "ghost-doc", "/nonexistent/ghost", "index.html", "Ghost"))
+    with pytest.raises(MissingDependency, match="apt-get install -y ghost-doc"): site_spec("ghost")
