@@ -11,7 +11,7 @@ from ..core import Task, Observation, Step
 
 # %% auto #0
 __all__ = ['ENV_MODULES', 'EnvError', 'MissingDependency', 'Env', 'EnvWrapper', 'normalize_text', 'sort_item_lines',
-           'register_env', 'make_env', 'list_tasks', 'env_names']
+           'register_env', 'make_env', 'list_tasks', 'env_names', 'RoutingEnv']
 
 # %% ../../nbs/10_envs.ipynb #4d3424a6
 class EnvError(RuntimeError):
@@ -100,3 +100,24 @@ def list_tasks(name: str, split: str = "train", **kwargs) -> list[Task]:
     return _entry(name)[1](split=split, **kwargs)
 
 def env_names() -> list[str]: return sorted(set(ENV_MODULES) | set(_REGISTRY))
+
+# %% ../../nbs/10_envs.ipynb #785a12fc
+class RoutingEnv(Env):
+    "One Env over many: each task goes to the env named by `task.env` (built on first use, then reused)."
+    name = "routing"
+    def __init__(self, env_kwargs: dict[str, dict] | None = None):
+        self.env_kwargs, self.envs, self.current = env_kwargs or {}, {}, None
+    def reset(self, task: Task) -> Observation:
+        if task.env not in self.envs: self.envs[task.env] = make_env(task.env, **self.env_kwargs.get(task.env, {}))
+        self.current = self.envs[task.env]
+        return self.current.reset(task)
+    def _cur(self) -> Env:
+        if self.current is None: raise RuntimeError("RoutingEnv: call reset(task) before step()")
+        return self.current
+    def step(self, action: str) -> Step: return self._cur().step(action)
+    def valid_actions(self) -> list[str]: return self._cur().valid_actions()
+    def expert_action(self) -> str | None: return self._cur().expert_action()
+    def normalize(self, text: str) -> str: return self._cur().normalize(text) if self.current else normalize_text(text)
+    def close(self) -> None:
+        for e in self.envs.values(): e.close()
+        self.envs.clear(); self.current = None
