@@ -14,7 +14,7 @@ from .envs.core import Env, EnvError
 from .agent import Agent, AgentState, parse_action
 
 # %% auto #0
-__all__ = ['EnvSlot', 'RolloutConfig', 'RolloutStats', 'agent_state', 'RolloutEngine']
+__all__ = ['EnvSlot', 'RolloutConfig', 'RolloutStats', 'previous_memory', 'agent_state', 'RolloutEngine']
 
 # %% ../nbs/22_rollout.ipynb #1f38f0fb
 class EnvSlot:
@@ -76,13 +76,21 @@ class RolloutStats:
                 "episodes_per_s": self.episodes_per_s, "mean_batch": self.mean_batch}
 
 # %% ../nbs/22_rollout.ipynb #36bf829d
+def previous_memory(turns: list[Turn], template: str) -> str | None:
+    "The last memory the agent wrote in `turns` (memory template), else None."
+    if template != "memory": return None
+    for t in reversed(turns):
+        m = parse_action(t.completion or "", template="memory").memory
+        if m: return m
+    return None
+
 def agent_state(task: Task, initial_obs: Observation, obs: Observation, valid_actions: list[str],
-                history: list[tuple[str, str]], step: int, max_turns: int) -> AgentState:
-    "The `AgentState` for one decision of an episode of `task`."
+                history: list[tuple[str, str]], step: int, max_turns: int, memory: str | None = None) -> AgentState:
+    "The `AgentState` for one decision of an episode of `task` (`memory`: what the agent last wrote, memory template)."
     # a state-reaching task is defined by its target alone: the env's own goal text would leak a human task
     instr = task.instruction if task.target is not None else task.instruction or (initial_obs.data or {}).get("instruction")
     return AgentState(observation=obs.text, valid_actions=valid_actions, instruction=instr, target=task.target,
-                      history=history, step=step, max_steps=max_turns)
+                      history=history, step=step, max_steps=max_turns, memory=memory)
 
 # %% ../nbs/22_rollout.ipynb #532e6700
 @dataclass
@@ -125,7 +133,8 @@ class RolloutEngine:
         return job
 
     def _state(self, ep: _Episode) -> AgentState:
-        return agent_state(ep.task, ep.initial_obs, ep.obs, ep.valid, ep.history, len(ep.turns), self.cfg.max_turns)
+        return agent_state(ep.task, ep.initial_obs, ep.obs, ep.valid, ep.history, len(ep.turns), self.cfg.max_turns,
+                           previous_memory(ep.turns, self.agent.template))
 
     def _decide(self, eps: list[_Episode]) -> list[tuple[_Episode, Turn, str | None]]:
         "One batched LM call; returns each episode's new turn and the action to send (None: invalid format)."
