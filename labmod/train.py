@@ -46,13 +46,13 @@ def sft_examples(agent: Agent, trajectories: list[Trajectory]) -> list[tuple[lis
             for tr in trajectories for t in tr.turns]
 
 # %% ../nbs/25_train.ipynb #d84579ee
-def evaluate(engine: RolloutEngine, tasks: list[Task], temperature: float = 0.0) -> dict:
-    "Success rate, mean return, invalid-format rate and mean turns over one episode per task."
+def evaluate(engine: RolloutEngine, tasks: list[Task], temperature: float = 0.0, samples_per_task: int = 1) -> dict:
+    "Success rate, mean return, invalid-format rate and mean turns over `samples_per_task` episodes per task."
     agent = engine.agent
     engine.agent = dataclasses.replace(agent, temperature=temperature)
-    try: groups = engine.run(tasks, group_size=1)
+    try: groups = engine.run(tasks, group_size=samples_per_task)
     finally: engine.agent = agent
-    trajs = [g[0] for g in groups if g]
+    trajs = [t for g in groups for t in g]
     n_turns = sum(len(t.turns) for t in trajs)
     return {"success": sum(t.success for t in trajs) / max(len(trajs), 1),
             "return": sum(t.total_reward for t in trajs) / max(len(trajs), 1),
@@ -75,6 +75,7 @@ class TaskRLConfig:
     sft_lr: float = 1e-3
     eval_every: int = 5
     eval_temperature: float = 0.0
+    eval_samples: int = 1          # episodes per held-out task
     select_best: bool = False      # restore the weights with the best evaluation success at the end
     grpo: rl.GRPOConfig = field(default_factory=rl.GRPOConfig)
 
@@ -83,6 +84,8 @@ def run_task_rl(agent: Agent, env_factory: Callable[[], Env], train_tasks: list[
                 ref_model=None, progress: bool = True) -> dict:
     "SFT warm start (optional) then GRPO; returns the evaluation curve and per-update metrics."
     lm = agent.lm
+    if cfg.grpo.temperature != agent.temperature:   # log-probs in the loss must be those of the sampling distribution
+        cfg = dataclasses.replace(cfg, grpo=dataclasses.replace(cfg.grpo, temperature=agent.temperature))
     store = run.store if run is not None else store
     curve = []
     with RolloutEngine(agent, env_factory, RolloutConfig(max_turns=cfg.max_turns, n_envs=cfg.n_envs, mode=cfg.rollout_mode,
@@ -100,7 +103,7 @@ def run_task_rl(agent: Agent, env_factory: Callable[[], Env], train_tasks: list[
             if cfg.select_best and ev["success"] > best["success"]:
                 best.update(success=ev["success"], update=step,
                             state={k: v.detach().clone() for k, v in lm.model.state_dict().items()})
-        base = evaluate(engine, eval_tasks, cfg.eval_temperature); remember(0, base)
+        base = evaluate(engine, eval_tasks, cfg.eval_temperature, cfg.eval_samples); remember(0, base)
         if store is not None: store.log_metrics(0, **{f"eval/{k}": v for k, v in base.items()})
         trainer = rl.PolicyTrainer(lm.model, lm.tokenizer, cfg.grpo, ref_model=ref_model)
         def collect(tasks):
@@ -109,7 +112,7 @@ def run_task_rl(agent: Agent, env_factory: Callable[[], Env], train_tasks: list[
             return groups
         def eval_fn(tr):
             lm.sync_weights()
-            ev = evaluate(engine, eval_tasks, cfg.eval_temperature); remember(tr.step, ev); return ev
+            ev = evaluate(engine, eval_tasks, cfg.eval_temperature, cfg.eval_samples); remember(tr.step, ev); return ev
         history = rl.train_loop(trainer, collect, train_tasks, cfg.steps, cfg.groups_per_step, store=store,
                                 dynamic_sampling=cfg.dynamic_sampling, max_gen_batches=cfg.max_gen_batches,
                                 eval_fn=eval_fn, eval_every=cfg.eval_every, progress=progress)
