@@ -8,7 +8,7 @@ SYS   := $(VENV)/.labmod-system
 # Debian packages the lab needs: Chromium for browser envs; complete HTML websites (Python, PostgreSQL,
 # git and SQLite manuals) served locally for WebGym. Java 11+ (ScienceWorld, TextWorld-Express) is checked below.
 APT_PACKAGES := chromium python3.11-doc postgresql-doc-15 git-doc sqlite3-doc
-DEMO  ?= nbs/experiments/env_tour.ipynb
+DEMO  ?= nbs/experiments/s2s_pipeline.ipynb
 
 .PHONY: setup system demo test lab export clean-venv
 
@@ -37,7 +37,7 @@ $(STAMP): pyproject.toml
 	@touch $@
 
 demo: setup
-	$(VENV)/bin/labmod run $(DEMO)
+	OMP_NUM_THREADS=1 $(VENV)/bin/labmod run $(DEMO)
 
 test: setup
 	@tmp=$$(mktemp -d); cp -r labmod $$tmp/before; \
@@ -45,8 +45,8 @@ test: setup
 	if ! diff -rq -x __pycache__ $$tmp/before labmod; then \
 	  echo "nbdev-export changed labmod/: edit the notebooks in nbs/, run nbdev-export, commit both"; rm -rf $$tmp; exit 1; fi; \
 	rm -rf $$tmp
-	$(VENV)/bin/nbdev-test --n-workers 2 --timing
-	$(VENV)/bin/pytest -q tests
+	OMP_NUM_THREADS=1 $(VENV)/bin/nbdev-test --n-workers 2 --timing
+	OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q --durations=15 tests
 
 lab: setup
 	$(VENV)/bin/jupyter lab nbs/

@@ -1,0 +1,16 @@
+"Every experiment notebook runs end to end in quick mode through `labmod run`, into a report marked ok."
+import json, os, subprocess, sys
+from pathlib import Path
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "nbs" / "experiments").glob("*.ipynb"))
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_experiment_quick(nb, tmp_path):
+    env = {**os.environ, "LABMOD_RUNS_DIR": str(tmp_path / "runs"), "LABMOD_REPORTS_DIR": str(tmp_path / "reports"), "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, "-m", "labmod.cli", "run", str(nb), "-p", "quick", "true", "--name", "quick"],
+                       capture_output=True, text=True, env=env, timeout=600)
+    meta = json.loads((tmp_path / "reports" / nb.stem / "quick.json").read_text())
+    assert r.returncode == 0 and meta["status"] == "ok", meta.get("error") or r.stderr[-3000:]
+    assert meta["final"], "the notebook recorded no headline results (run.final)"
