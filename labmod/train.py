@@ -45,7 +45,7 @@ def sft_examples(agent: Agent, trajectories: list[Trajectory]) -> list[tuple[lis
     return [(agent.lm.encode_prompt(t.prompt), tok(t.completion, add_special_tokens=False).input_ids)
             for tr in trajectories for t in tr.turns]
 
-# %% ../nbs/25_train.ipynb #d84579ee
+# %% ../nbs/25_train.ipynb #e62f0cf2
 def evaluate(engine: RolloutEngine, tasks: list[Task], temperature: float = 0.0, samples_per_task: int = 1) -> dict:
     "Success rate, mean return, invalid-format rate and mean turns over `samples_per_task` episodes per task."
     agent = engine.agent
@@ -59,7 +59,7 @@ def evaluate(engine: RolloutEngine, tasks: list[Task], temperature: float = 0.0,
             "invalid_format": sum(not tu.info.get("valid_format", True) for t in trajs for tu in t.turns) / max(n_turns, 1),
             "turns": n_turns / max(len(trajs), 1), "episodes": len(trajs)}
 
-# %% ../nbs/25_train.ipynb #9982e1fe
+# %% ../nbs/25_train.ipynb #142641a6
 @dataclass
 class TaskRLConfig:
     "One RL run: rollout, warm start, GRPO and evaluation settings."
