@@ -406,9 +406,9 @@ class PolicyTrainer:
 def group_rewards(g: list[Trajectory]) -> list[float]: return [t.total_reward for t in g]
 
 def is_informative(g: list[Trajectory], tol: float = 1e-9) -> bool:
-    "A group whose rewards are not all equal."
+    "A group whose rewards are not all equal (an empty group, e.g. every episode lost to env errors, is not)."
     r = group_rewards(g)
-    return max(r) - min(r) > tol
+    return bool(r) and max(r) - min(r) > tol
 
 def fill_batch(sample_group_fn: Callable[[int], list[list[Trajectory]]], groups_needed: int,
                max_gen_batches: int = 4) -> tuple[list[list[Trajectory]], dict]:

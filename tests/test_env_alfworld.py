@@ -188,3 +188,23 @@ def test_list_tasks_generates_the_default_set_on_first_use(tmp_path, monkeypatch
     mtimes = [p.stat().st_mtime_ns for p in sorted(tmp_path.rglob("game.tw-pddl"))]
     assert [t.id for t in list_alfworld_tasks("valid_seen")] == [t.id for t in tasks]
     assert [p.stat().st_mtime_ns for p in sorted(tmp_path.rglob("game.tw-pddl"))] == mtimes
+
+
+def test_concurrent_envs_in_threads_do_not_corrupt_the_parser():
+    "TextWorld's grammar parser is process-wide: envs driven from two threads (as rollout slots do) must not crash it."
+    from concurrent.futures import ThreadPoolExecutor
+    from labmod.envs.alfworld import AlfWorldEnv
+    from labmod.envs.core import list_tasks
+    tasks = list_tasks("alfworld", split="train")[:4]
+    def play(i):
+        env = AlfWorldEnv()
+        try:
+            out = []
+            for t in tasks[i::2] * 2:
+                env.reset(t)
+                out.append(env.step(env.expert_action()).info["valid"])
+            return out
+        finally: env.close()
+    with ThreadPoolExecutor(2) as ex:
+        results = list(ex.map(play, [0, 1]))
+    assert all(all(r) for r in results)

@@ -4,7 +4,7 @@
 
 # %% ../../nbs/13_alfworld.ipynb #12bc5e5b
 from __future__ import annotations
-import json, os
+import json, os, threading
 from pathlib import Path
 from ..core import Task, Observation, Step
 from .core import Env, MissingDependency, normalize_text, register_env
@@ -19,6 +19,9 @@ __all__ = ['SPLIT_ALIASES', 'DEFAULT_COUNTS', 'AlfWorldEnv', 'goal_sentence', 'l
 class AlfWorldEnv(Env):
     "ALFWorld's TextWorld games (`task.config['game_file']`) behind the lab's `Env` interface."
     name = "alfworld"
+    # TextWorld's grammar parser is shared by every env in a process (tatsu state): two threads resetting or
+    # stepping at once corrupt it, so calls that reach TextWorld are serialized across instances.
+    _textworld_lock = threading.Lock()
 
     def __init__(self, step_limit: int = 50):
         self.step_limit = step_limit
@@ -34,7 +37,7 @@ class AlfWorldEnv(Env):
         if not game_file or not Path(game_file).is_file():
             raise ValueError(f"task {task.id!r}: config['game_file'] must name an existing game.tw-pddl, got {game_file!r}")
         game_file = str(Path(game_file).resolve())
-        with keep_argv():
+        with self._textworld_lock, keep_argv():
             if self._loaded != game_file:
                 self._env.load(game_file)
                 self._loaded = game_file
@@ -49,7 +52,8 @@ class AlfWorldEnv(Env):
         if self.task is None: raise RuntimeError("call reset(task) before step()")
         act = " ".join(str(action or "").lower().split())
         valid = act in self._state["admissible_commands"]
-        self._state, _, _ = self._env.step(act)
+        with self._textworld_lock:
+            self._state, _, _ = self._env.step(act)
         self._steps += 1
         success = bool(self._state["won"])
         truncated = self._steps >= self.step_limit and not success
