@@ -65,5 +65,5 @@ def main(argv: list[str] | None = None) -> int:
         print(f"labmod: error: {e}", file=sys.stderr); return 2
     return 2
 
-# %% ../nbs/06_cli.ipynb #00ab209e
+# %% ../nbs/06_cli.ipynb #ddce26ef
 if __name__ == "__main__": sys.exit(main())
