@@ -68,7 +68,8 @@ def header_html(meta: dict) -> str:
     commit = meta.get("git", {}).get("commit", "?")[:12] + (" (dirty)" if meta.get("git", {}).get("dirty") else "")
     rows = [("experiment", meta.get("experiment")), ("run", meta.get("run_id")),
             ("status", f'<span class="status-{_esc(status)}">{_esc(status)}</span>'),
-            ("parameters", "<code>" + _esc(json.dumps(meta.get("params", {}), sort_keys=True)) + "</code>"),
+            ("parameters", "<code>" + _esc(json.dumps(meta.get("effective_params", meta.get("params", {})), sort_keys=True, default=str)) + "</code>"
+             + (f" — set for this run: <code>{_esc(json.dumps(meta['params'], sort_keys=True, default=str))}</code>" if meta.get("params") and "effective_params" in meta else "")),
             ("seeds", _esc(meta.get("seeds"))), ("commit", _esc(commit)),
             ("machine", _esc(_fmt_machine(meta.get("machine", {})))),
             ("started", _esc(time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(meta.get("start", 0))))),
@@ -83,8 +84,11 @@ def render_run_report(executed_nb: Path | None, meta: dict, out: Path) -> Path:
     if executed_nb and Path(executed_nb).exists():
         import nbformat
         from nbconvert import HTMLExporter
+        nb = nbformat.read(str(executed_nb), as_version=4)
+        for cell in nb.cells:   # stderr is progress bars and warnings: noise for a reader (errors come from the header)
+            cell["outputs"] = [o for o in cell.get("outputs", []) if not (o.get("output_type") == "stream" and o.get("name") == "stderr")]
         exporter = HTMLExporter(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True)
-        body, _ = exporter.from_notebook_node(nbformat.read(str(executed_nb), as_version=4))
+        body, _ = exporter.from_notebook_node(nb)
     page = body.replace("<body", "<body", 1)
     if "<body" in page:
         i = page.index(">", page.index("<body")) + 1

@@ -83,6 +83,8 @@ def run_task_rl(agent: Agent, env_factory: Callable[[], Env], train_tasks: list[
                 cfg: TaskRLConfig, sft_tasks: list[Task] | None = None, store=None, run=None,
                 ref_model=None, progress: bool = True) -> dict:
     "SFT warm start (optional) then GRPO; returns the evaluation curve and per-update metrics."
+    if not eval_tasks: raise ValueError("run_task_rl needs evaluation tasks (checkpoint selection and curves rest on them)")
+    if not train_tasks: raise ValueError("run_task_rl needs training tasks")
     lm = agent.lm
     if cfg.grpo.temperature != agent.temperature:   # log-probs in the loss must be those of the sampling distribution
         cfg = dataclasses.replace(cfg, grpo=dataclasses.replace(cfg.grpo, temperature=agent.temperature))
