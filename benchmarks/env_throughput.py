@@ -35,6 +35,17 @@ def bench_tasks(name: str, n: int = 24):
 
 # ---- raw package loops: what a script using the package directly would do ----
 
+def _step_gold(env, actions, budget_end: float) -> int:
+    "Step a raw package env along its gold actions until done or the time budget ends; returns steps taken."
+    n = 0
+    for a in actions:
+        if time.perf_counter() > budget_end: break
+        _, _, done, _ = env.step(a)
+        n += 1
+        if done: break
+    return n
+
+
 def raw_twx(tasks, seconds: float) -> tuple[int, float]:
     from textworld_express import TextWorldExpressEnv as RawTWX
     env = RawTWX(envStepLimit=10**9)
@@ -47,13 +58,7 @@ def raw_twx(tasks, seconds: float) -> tuple[int, float]:
                 env.load(c["game"], c["params"])
                 loaded[0] = (c["game"], c["params"])
             env.reset(seed=c["seed"], gameFold=task.split, generateGoldPath=True)
-            n = 0
-            for a in env.getGoldActionSequence():
-                if time.perf_counter() > budget_end: break
-                _, _, done, _ = env.step(a)
-                n += 1
-                if done: break
-            return n
+            return _step_gold(env, env.getGoldActionSequence(), budget_end)
         return _timed_episodes(play, tasks, seconds)
     finally:
         env.close()
@@ -66,13 +71,7 @@ def raw_scienceworld(tasks, seconds: float) -> tuple[int, float]:
         def play(task, budget_end):
             c = task.config
             env.load(c["task"], c["variation"], c.get("simplifications", "easy"), generateGoldPath=True)  # the adapter's default
-            n = 0
-            for a in env.get_gold_action_sequence():
-                if time.perf_counter() > budget_end: break
-                _, _, done, _ = env.step(a)
-                n += 1
-                if done: break
-            return n
+            return _step_gold(env, env.get_gold_action_sequence(), budget_end)
         return _timed_episodes(play, tasks, seconds)
     finally:
         env.close()
