@@ -61,6 +61,7 @@ class GRPOConfig:
     total_steps: int = 1000             # optimizer steps, for decaying schedules
     old_logprobs: str = "recompute"     # "recompute" with the current policy before the update, or "sampler"
     sample_mode: str = "step"           # "step": one sample per agent turn; "episode": turns concatenated
+    turn_weight: str = "episode"        # step mode: "episode" divides a turn's advantage by its episode's turn count; "none"
     seed: int = 0
     checkpoint_every: int = 0           # updates between checkpoints in train_loop (0 = never)
     keep_checkpoints: int = 2
@@ -70,6 +71,8 @@ class GRPOConfig:
             raise ValueError(f"GRPOConfig.loss_type must be grpo, bnpo, dapo or reinforce, got {self.loss_type!r}")
         if self.sample_mode not in ("step", "episode"):
             raise ValueError(f"GRPOConfig.sample_mode must be 'step' or 'episode', got {self.sample_mode!r}")
+        if self.turn_weight not in ("episode", "none"):
+            raise ValueError(f"GRPOConfig.turn_weight must be 'episode' or 'none', got {self.turn_weight!r}")
         if self.old_logprobs not in ("recompute", "sampler"):
             raise ValueError(f"GRPOConfig.old_logprobs must be 'recompute' or 'sampler', got {self.old_logprobs!r}")
 
@@ -133,7 +136,7 @@ def episode_samples(traj: Trajectory, advantage: float, meta: dict | None = None
     return out
 
 def samples_from_groups(groups: list[list[Trajectory]], mode: str = "step", scale_rewards: bool = True,
-                        advantages: list[list[float]] | None = None) -> list[Sample]:
+                        advantages: list[list[float]] | None = None, turn_weight: str = "episode") -> list[Sample]:
     "Samples for a GRPO update: each trajectory's advantage (group-normalized total reward) on its agent tokens."
     if mode not in ("step", "episode"): raise ValueError(f"samples_from_groups: mode must be 'step' or 'episode', got {mode!r}")
     advantages = advantages or group_advantages([[t.total_reward for t in g] for g in groups], scale_rewards)
@@ -141,8 +144,10 @@ def samples_from_groups(groups: list[list[Trajectory]], mode: str = "step", scal
     for gi, (g, advs) in enumerate(zip(groups, advantages)):
         for ti, (traj, a) in enumerate(zip(g, advs)):
             meta = dict(group=gi, traj=ti, task=traj.task.id)
-            if mode == "episode": out += episode_samples(traj, a, meta)
-            else: out += [turn_sample(t, a, {**meta, "turn": k}) for k, t in enumerate(traj.turns) if t.completion_ids]
+            if mode == "episode": out += episode_samples(traj, a, meta); continue
+            turns = [t for t in traj.turns if t.completion_ids]
+            w = 1.0 / len(turns) if turn_weight == "episode" and turns else 1.0
+            out += [turn_sample(t, a * w, {**meta, "turn": k}) for k, t in enumerate(turns)]
     return out
 
 # %% ../nbs/23_rl.ipynb #d08df402
@@ -631,7 +636,7 @@ def train_loop(trainer: PolicyTrainer, collect: Callable[[list[Task]], list[list
         return cursor.take(n * world)[rank::world]
     if make_samples is None:
         make_samples = (trainer.samples_from_groups if isinstance(trainer, PPOTrainer)
-                        else lambda gs: samples_from_groups(gs, cfg.sample_mode, cfg.scale_rewards))
+                        else lambda gs: samples_from_groups(gs, cfg.sample_mode, cfg.scale_rewards, turn_weight=cfg.turn_weight))
     history = []
     for _ in tqdm(range(trainer.step, steps), desc="train", initial=trainer.step, total=steps, disable=not progress):
         t0 = time.perf_counter()

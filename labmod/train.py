@@ -4,7 +4,7 @@
 
 # %% ../nbs/25_train.ipynb #a9105085
 from __future__ import annotations
-import dataclasses, time
+import dataclasses, random, time
 from dataclasses import dataclass, field
 from typing import Callable
 from .core import Task, Turn, Trajectory
@@ -14,20 +14,22 @@ from .rollout import RolloutEngine, RolloutConfig, agent_state
 from . import rl
 
 # %% auto #0
-__all__ = ['demo_completion', 'expert_trajectories', 'sft_examples', 'evaluate', 'TaskRLConfig', 'run_task_rl']
+__all__ = ['demo_completion', 'expert_trajectories', 'random_trajectories', 'sft_examples', 'evaluate', 'TaskRLConfig',
+           'run_task_rl']
 
 # %% ../nbs/25_train.ipynb #8ace9e4c
 def demo_completion(action: str) -> str:
     "The completion an agent should write for `action` (the tags `parse_action` reads)."
     return f"<action>{action}</action>"
 
-def expert_trajectories(agent: Agent, env: Env, tasks: list[Task], max_turns: int = 30) -> list[Trajectory]:
-    "Play the env's expert on each task, recording agent-format prompts and expert completions."
+def _record(agent: Agent, env: Env, tasks: list[Task], max_turns: int, choose: Callable[[Env], str | None],
+            policy: str) -> list[Trajectory]:
+    "Play `choose(env)` on each task, recording the agent's prompt and the chosen action as its completion."
     out = []
     for task in tasks:
         first = obs = env.reset(task); history, turns = [], []
         for step in range(max_turns):
-            action = env.expert_action()
+            action = choose(env)
             if action is None: break
             st = agent_state(task, first, obs, env.valid_actions(), history, step, max_turns)
             msgs = agent.messages_for(st)
@@ -36,8 +38,22 @@ def expert_trajectories(agent: Agent, env: Env, tasks: list[Task], max_turns: in
                               reward=res.reward, done=res.done, info=dict(res.info)))
             history.append((obs.text, action)); obs = res.obs
             if res.done: break
-        out.append(Trajectory(task, first, turns, {"policy": "expert"}))
+        out.append(Trajectory(task, first, turns, {"policy": policy}))
     return out
+
+def expert_trajectories(agent: Agent, env: Env, tasks: list[Task], max_turns: int = 30) -> list[Trajectory]:
+    "Play the env's expert on each task, recording agent-format prompts and expert completions."
+    return _record(agent, env, tasks, max_turns, lambda e: e.expert_action(), "expert")
+
+def random_trajectories(agent: Agent, env: Env, tasks: list[Task], max_turns: int = 30, seed: int = 0) -> list[Trajectory]:
+    """Uniformly random valid actions, recorded the same way: a warm start that teaches the action format and
+    the admissible actions but not which one solves the task (that is left to RL)."""
+    rng = random.Random(seed)
+    def choose(e: Env) -> str | None:
+        actions = e.valid_actions()
+        if not actions: raise ValueError(f"{type(e).__name__} lists no valid actions: random demonstrations need them")
+        return rng.choice(actions)
+    return _record(agent, env, tasks, max_turns, choose, "random")
 
 def sft_examples(agent: Agent, trajectories: list[Trajectory]) -> list[tuple[list[int], list[int]]]:
     "(prompt ids, completion ids) per turn, tokenized as the rollout engine tokenizes prompts."
@@ -73,6 +89,7 @@ class TaskRLConfig:
     max_gen_batches: int = 3
     sft_epochs: int = 0
     sft_lr: float = 1e-3
+    sft_source: str = "expert"     # "expert" demonstrations, or "random" valid actions (format only, no strategy)
     eval_every: int = 5
     eval_temperature: float = 0.0
     eval_samples: int = 1          # episodes per held-out task
@@ -85,6 +102,8 @@ def run_task_rl(agent: Agent, env_factory: Callable[[], Env], train_tasks: list[
     "SFT warm start (optional) then GRPO; returns the evaluation curve and per-update metrics."
     if not eval_tasks: raise ValueError("run_task_rl needs evaluation tasks (checkpoint selection and curves rest on them)")
     if not train_tasks: raise ValueError("run_task_rl needs training tasks")
+    if cfg.sft_source not in ("expert", "random"):
+        raise ValueError(f"TaskRLConfig.sft_source must be 'expert' or 'random', got {cfg.sft_source!r}")
     lm = agent.lm
     if cfg.grpo.temperature != agent.temperature:   # log-probs in the loss must be those of the sampling distribution
         cfg = dataclasses.replace(cfg, grpo=dataclasses.replace(cfg.grpo, temperature=agent.temperature))
@@ -95,7 +114,8 @@ def run_task_rl(agent: Agent, env_factory: Callable[[], Env], train_tasks: list[
         t0 = time.perf_counter(); sft_stats = None
         if sft_tasks and cfg.sft_epochs > 0:
             env = env_factory()
-            try: demos = expert_trajectories(agent, env, sft_tasks, cfg.max_turns)
+            try: demos = (random_trajectories(agent, env, sft_tasks, cfg.max_turns, seed=cfg.grpo.seed) if cfg.sft_source == "random"
+                          else expert_trajectories(agent, env, sft_tasks, cfg.max_turns))
             finally: env.close()
             sft_stats = rl.sft(lm.model, lm.tokenizer, sft_examples(agent, demos), epochs=cfg.sft_epochs, lr=cfg.sft_lr,
                                seed=cfg.grpo.seed, progress=progress)

@@ -297,7 +297,7 @@ def webgym_samples(cfg: WebGymConfig) -> Callable:
     "The sample builder for `train_loop`: WebGym's REINFORCE samples, or GRPO's group advantages."
     if cfg.algorithm == "reinforce":
         return lambda groups: rl.reinforce_samples(groups, cfg.recency_decay, skip_unchanged=cfg.repetition_penalty > 0)
-    return lambda groups: rl.samples_from_groups(groups, cfg.grpo.sample_mode, cfg.grpo.scale_rewards)
+    return lambda groups: rl.samples_from_groups(groups, cfg.grpo.sample_mode, cfg.grpo.scale_rewards, turn_weight=cfg.grpo.turn_weight)
 
 def train_webgym(lm, sites: dict[str, str], train_tasks: list[Task], eval_tasks: list[Task], cfg: WebGymConfig,
                  sft_tasks: list[Task] | None = None, extra_eval: dict[str, list[Task]] | None = None,
