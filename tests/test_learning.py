@@ -1,0 +1,36 @@
+"""Learning for real: GRPO raises the tiny policy's success on held-out TextWorld-Express tasks.
+
+The warm start is SFT on *random* valid actions, so it teaches the action format and what is admissible
+but no strategy: the policy starts near the random-walk success rate (0.19 on these tasks), and anything
+above that on the held-out dev fold was learned by GRPO from the env's reward. Success is measured at the
+sampling temperature with 2 episodes per held-out task (64 episodes), the quantity GRPO optimizes.
+Rollouts are asynchronous, so batch composition (and with it the sampled tokens) varies from run to run
+even with a fixed seed: the margin is set against the spread measured over seeds 0-2 (issue 4's note).
+"""
+from labmod.agent import Agent
+from labmod.envs.core import list_tasks, make_env
+from labmod.models import load_lm
+from labmod.train import TaskRLConfig, run_task_rl
+from labmod import rl
+
+
+def test_grpo_raises_held_out_success_on_twx_coin():
+    pool = list_tasks("textworld_express", split="train", games=["coin"])
+    sft_tasks, train_tasks = pool[:16], pool[16:80]
+    eval_tasks = list_tasks("textworld_express", split="dev", games=["coin"])[:32]
+    assert not {t.id for t in eval_tasks} & {t.id for t in pool}
+    lm = load_lm("tiny", seed=0)
+    agent = Agent(lm, max_new_tokens=16, temperature=1.0, history_k=0)
+    cfg = TaskRLConfig(steps=4, groups_per_step=8, group_size=8, max_turns=5, n_envs=8, sft_epochs=4, sft_source="random",
+                       eval_every=0, eval_temperature=1.0, eval_samples=2,
+                       grpo=rl.GRPOConfig(lr=5e-4, old_logprobs="sampler", micro_batch_size=16, seed=0))
+    res = run_task_rl(agent, lambda: make_env("textworld_express"), train_tasks, eval_tasks, cfg, sft_tasks=sft_tasks,
+                      progress=False)
+    before, after = res["before"], res["after"]
+    print(f"held-out success {before['success']:.3f} -> {after['success']:.3f} over {after['episodes']} episodes; "
+          f"train reward by update {[round(h['reward_mean'], 2) for h in res['history']]}")
+    assert before["invalid_format"] < 0.2, "the random-action warm start should already write well-formed actions"
+    assert before["success"] < 0.35, "the warm start should carry no strategy (random-walk success is about 0.2)"
+    # gains measured with 4 updates: lr 3e-4 +0.25, +0.28; lr 1e-3 +0.27, +0.30, +0.41 (less stable); one
+    # evaluation of 64 episodes has a standard error of about 0.06
+    assert after["success"] >= before["success"] + 0.15
