@@ -12,7 +12,7 @@ from .envs.core import make_env
 from .explore import RandomExplorer, LLMExplorer, explore
 from .s2s_tasks import S2SBuildConfig, S2SDataset, build_s2s_dataset
 from .verify import StateReachingEnv
-from .train import TaskRLConfig, run_task_rl, evaluate, expert_trajectories, sft_examples
+from .train import TaskRLConfig, run_task_rl, evaluate, expert_trajectories, random_trajectories, sft_examples
 from .rollout import RolloutEngine, RolloutConfig
 from . import rl
 
@@ -47,21 +47,25 @@ def task_rl_stage(agent: Agent, env_name: str, train_tasks: list[Task], eval_tas
                        run=run, progress=progress)
 
 def sft_stage(agent: Agent, env_name: str, demo_tasks: list[Task], epochs: int = 2, lr: float = 1e-3, max_turns: int = 30,
-              env_kwargs: dict | None = None, seed: int = 0, progress: bool = True) -> dict:
-    "Supervised warm start on the env's expert demonstrations (task prompt)."
+              env_kwargs: dict | None = None, seed: int = 0, progress: bool = True, source: str = "expert") -> dict:
+    """Supervised warm start (task prompt) on the env's expert demonstrations, or on random valid actions
+    (`source="random"`: the action format without a strategy)."""
+    if source not in ("expert", "random"): raise ValueError(f"sft_stage: source must be 'expert' or 'random', got {source!r}")
     task_agent = dataclasses.replace(agent, template="task")
     env = make_env(env_name, **(env_kwargs or {}))
-    try: demos = expert_trajectories(task_agent, env, demo_tasks, max_turns)
+    try: demos = (random_trajectories(task_agent, env, demo_tasks, max_turns, seed=seed) if source == "random"
+                  else expert_trajectories(task_agent, env, demo_tasks, max_turns))
     finally: env.close()
     return rl.sft(agent.lm.model, agent.lm.tokenizer, sft_examples(task_agent, demos), epochs=epochs, lr=lr, seed=seed, progress=progress)
 
-def evaluate_on(agent: Agent, env_name: str, tasks: list[Task], max_turns: int, n_envs: int = 4, env_kwargs: dict | None = None) -> dict:
-    "Held-out task success of the agent (task prompt, greedy)."
+def evaluate_on(agent: Agent, env_name: str, tasks: list[Task], max_turns: int, n_envs: int = 4, env_kwargs: dict | None = None,
+                temperature: float = 0.0, samples_per_task: int = 1) -> dict:
+    "Held-out task success of the agent (task prompt; greedy unless a temperature and several samples are given)."
     task_agent = dataclasses.replace(agent, template="task")
     with RolloutEngine(task_agent, lambda: make_env(env_name, **(env_kwargs or {})), RolloutConfig(max_turns=max_turns, n_envs=n_envs)) as eng:
-        return evaluate(eng, tasks)
+        return evaluate(eng, tasks, temperature, samples_per_task)
 
-# %% ../nbs/33_s2s.ipynb #fa555ee0
+#| export
 @dataclass
 class PipelineConfig:
     "What a State2State pipeline run does."
@@ -71,6 +75,10 @@ class PipelineConfig:
     sft_epochs: int = 2
     sft_lr: float = 1e-3
     eval_max_turns: int = 8
+    test_temperature: float = 0.0   # held-out tests: greedy by default
+    test_samples: int = 1           # episodes per held-out task
+    test_envs: int = 4
+    test_base: bool = True          # test before the first stage (off when another run already tested the same weights)
 
 def run_pipeline(agent: Agent, env_name: str, cfg: PipelineConfig, *, s2s_data: S2SDataset | None = None,
                  rl_train: list[Task] = (), rl_eval: list[Task] = (), sft_tasks: list[Task] = (),
@@ -82,10 +90,11 @@ def run_pipeline(agent: Agent, env_name: str, cfg: PipelineConfig, *, s2s_data: 
     def test(after):
         row = {"after": after}
         for name, tasks in test_sets.items():
-            row[name] = evaluate_on(agent, env_name, list(tasks), cfg.eval_max_turns, env_kwargs=env_kwargs)["success"]
+            row[name] = evaluate_on(agent, env_name, list(tasks), cfg.eval_max_turns, cfg.test_envs, env_kwargs,
+                                    cfg.test_temperature, cfg.test_samples)["success"]
         out["tests"].append(row)
         if run is not None: run.log(None, stage=after, **{f"test/{k}": v for k, v in row.items() if k != "after"})
-    test("base")
+    if cfg.test_base: test("base")
     for stage in cfg.stages:
         t0 = time.perf_counter()
         if stage == "s2s":
