@@ -39,9 +39,11 @@ $(STAMP): pyproject.toml
 demo: setup
 	OMP_NUM_THREADS=1 $(VENV)/bin/labmod run $(DEMO)
 
+# nbdev-export rewrites pyproject.toml (same content, new mtime); restoring the mtime keeps the set-up stamp valid.
 test: setup
-	@tmp=$$(mktemp -d); cp -r labmod $$tmp/before; \
+	@tmp=$$(mktemp -d); cp -r labmod $$tmp/before; cp -p pyproject.toml $$tmp/; \
 	$(VENV)/bin/nbdev-export; \
+	if cmp -s pyproject.toml $$tmp/pyproject.toml; then touch -r $$tmp/pyproject.toml pyproject.toml; fi; \
 	if ! diff -rq -x __pycache__ $$tmp/before labmod; then \
 	  echo "nbdev-export changed labmod/: edit the notebooks in nbs/, run nbdev-export, commit both"; rm -rf $$tmp; exit 1; fi; \
 	rm -rf $$tmp
@@ -52,7 +54,8 @@ lab: setup
 	$(VENV)/bin/jupyter lab nbs/
 
 export: setup
-	$(VENV)/bin/nbdev-export
+	@cp -p pyproject.toml .pyproject.mtime; $(VENV)/bin/nbdev-export; \
+	if cmp -s pyproject.toml .pyproject.mtime; then touch -r .pyproject.mtime pyproject.toml; fi; rm -f .pyproject.mtime
 
 clean-venv:
 	rm -rf $(VENV)
