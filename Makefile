@@ -40,22 +40,24 @@ demo: setup
 	OMP_NUM_THREADS=1 $(VENV)/bin/labmod run $(DEMO)
 
 # nbdev-export rewrites pyproject.toml (same content, new mtime); restoring the mtime keeps the set-up stamp valid.
+EXPORT := cp -p pyproject.toml .pyproject.mtime; $(VENV)/bin/nbdev-export; \
+	if cmp -s pyproject.toml .pyproject.mtime; then touch -r .pyproject.mtime pyproject.toml; fi; rm -f .pyproject.mtime
+
+# Tests: labmod/ must be what the notebooks export; then the notebooks' own cells; then pytest in two
+# worker processes (each test holds one torch thread, so two workers fill the two cores of the lab machine).
 test: setup
-	@tmp=$$(mktemp -d); cp -r labmod $$tmp/before; cp -p pyproject.toml $$tmp/; \
-	$(VENV)/bin/nbdev-export; \
-	if cmp -s pyproject.toml $$tmp/pyproject.toml; then touch -r $$tmp/pyproject.toml pyproject.toml; fi; \
+	@tmp=$$(mktemp -d); cp -r labmod $$tmp/before; $(EXPORT); \
 	if ! diff -rq -x __pycache__ $$tmp/before labmod; then \
 	  echo "nbdev-export changed labmod/: edit the notebooks in nbs/, run nbdev-export, commit both"; rm -rf $$tmp; exit 1; fi; \
 	rm -rf $$tmp
 	OMP_NUM_THREADS=1 $(VENV)/bin/nbdev-test --n-workers 2 --timing
-	OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q --durations=15 tests
+	OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q -n 2 --durations=15 tests
 
 lab: setup
 	$(VENV)/bin/jupyter lab nbs/
 
 export: setup
-	@cp -p pyproject.toml .pyproject.mtime; $(VENV)/bin/nbdev-export; \
-	if cmp -s pyproject.toml .pyproject.mtime; then touch -r .pyproject.mtime pyproject.toml; fi; rm -f .pyproject.mtime
+	@$(EXPORT)
 
 clean-venv:
 	rm -rf $(VENV)
