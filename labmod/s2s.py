@@ -8,7 +8,7 @@ import dataclasses, time
 from dataclasses import dataclass, field
 from .core import Task
 from .agent import Agent
-from .envs.core import make_env
+from .envs.core import SharedEnvs, env_factory
 from .explore import RandomExplorer, LLMExplorer, explore
 from .s2s_tasks import S2SBuildConfig, S2SDataset, build_s2s_dataset
 from .verify import StateReachingEnv
@@ -32,37 +32,39 @@ def build_state_reaching_tasks(env_name: str, source_tasks: list[Task], explorer
 
 # %% ../nbs/33_s2s.ipynb #addff576
 def s2s_stage(agent: Agent, env_name: str, dataset: S2SDataset, cfg: TaskRLConfig, run=None, env_kwargs: dict | None = None,
-              progress: bool = True) -> dict:
+              progress: bool = True, shared: SharedEnvs | None = None) -> dict:
     "State2State GRPO with dynamic sampling; keeps the weights with the best state-reaching validation success."
     cfg = dataclasses.replace(cfg, select_best=True)
     sr_agent = dataclasses.replace(agent, template="state_reaching")
-    factory = lambda: StateReachingEnv(make_env(env_name, **(env_kwargs or {})), max_steps=cfg.max_turns)
+    make = env_factory(env_name, env_kwargs, shared)
+    factory = lambda: StateReachingEnv(make(), max_steps=cfg.max_turns)
     return run_task_rl(sr_agent, factory, dataset.tasks_train, dataset.tasks_val, cfg, run=run, progress=progress)
 
 def task_rl_stage(agent: Agent, env_name: str, train_tasks: list[Task], eval_tasks: list[Task], cfg: TaskRLConfig,
-                  run=None, env_kwargs: dict | None = None, progress: bool = True) -> dict:
+                  run=None, env_kwargs: dict | None = None, progress: bool = True, shared: SharedEnvs | None = None) -> dict:
     "GRPO on the env's own (human-specified) tasks."
     task_agent = dataclasses.replace(agent, template="task")
-    return run_task_rl(task_agent, lambda: make_env(env_name, **(env_kwargs or {})), train_tasks, eval_tasks, cfg,
+    return run_task_rl(task_agent, env_factory(env_name, env_kwargs, shared), train_tasks, eval_tasks, cfg,
                        run=run, progress=progress)
 
 def sft_stage(agent: Agent, env_name: str, demo_tasks: list[Task], epochs: int = 2, lr: float = 1e-3, max_turns: int = 30,
-              env_kwargs: dict | None = None, seed: int = 0, progress: bool = True, source: str = "expert") -> dict:
+              env_kwargs: dict | None = None, seed: int = 0, progress: bool = True, source: str = "expert",
+              shared: SharedEnvs | None = None) -> dict:
     """Supervised warm start (task prompt) on the env's expert demonstrations, or on random valid actions
     (`source="random"`: the action format without a strategy)."""
     if source not in ("expert", "random"): raise ValueError(f"sft_stage: source must be 'expert' or 'random', got {source!r}")
     task_agent = dataclasses.replace(agent, template="task")
-    env = make_env(env_name, **(env_kwargs or {}))
+    env = env_factory(env_name, env_kwargs, shared)()
     try: demos = (random_trajectories(task_agent, env, demo_tasks, max_turns, seed=seed) if source == "random"
                   else expert_trajectories(task_agent, env, demo_tasks, max_turns))
     finally: env.close()
     return rl.sft(agent.lm.model, agent.lm.tokenizer, sft_examples(task_agent, demos), epochs=epochs, lr=lr, seed=seed, progress=progress)
 
 def evaluate_on(agent: Agent, env_name: str, tasks: list[Task], max_turns: int, n_envs: int = 4, env_kwargs: dict | None = None,
-                temperature: float = 0.0, samples_per_task: int = 1) -> dict:
+                temperature: float = 0.0, samples_per_task: int = 1, shared: SharedEnvs | None = None) -> dict:
     "Held-out task success of the agent (task prompt; greedy unless a temperature and several samples are given)."
     task_agent = dataclasses.replace(agent, template="task")
-    with RolloutEngine(task_agent, lambda: make_env(env_name, **(env_kwargs or {})), RolloutConfig(max_turns=max_turns, n_envs=n_envs)) as eng:
+    with RolloutEngine(task_agent, env_factory(env_name, env_kwargs, shared), RolloutConfig(max_turns=max_turns, n_envs=n_envs)) as eng:
         return evaluate(eng, tasks, temperature, samples_per_task)
 
 #| export
@@ -83,15 +85,20 @@ class PipelineConfig:
 def run_pipeline(agent: Agent, env_name: str, cfg: PipelineConfig, *, s2s_data: S2SDataset | None = None,
                  rl_train: list[Task] = (), rl_eval: list[Task] = (), sft_tasks: list[Task] = (),
                  test_sets: dict[str, list[Task]] | None = None, s2s_env: str | None = None, run=None,
-                 env_kwargs: dict | None = None, progress: bool = True) -> dict:
-    "Run `cfg.stages` in order on one LM; returns per-stage results and test success after each stage."
+                 env_kwargs: dict | None = None, progress: bool = True, shared: SharedEnvs | None = None) -> dict:
+    """Run `cfg.stages` in order on one LM; returns per-stage results and test success after each stage.
+    Every stage and test borrows its envs from `shared` (one is made for the run if none is given)."""
+    if shared is None:
+        with SharedEnvs() as own:
+            return run_pipeline(agent, env_name, cfg, s2s_data=s2s_data, rl_train=rl_train, rl_eval=rl_eval, sft_tasks=sft_tasks,
+                                test_sets=test_sets, s2s_env=s2s_env, run=run, env_kwargs=env_kwargs, progress=progress, shared=own)
     test_sets = test_sets or {}
     out = {"stages": [], "tests": []}
     def test(after):
         row = {"after": after}
         for name, tasks in test_sets.items():
             row[name] = evaluate_on(agent, env_name, list(tasks), cfg.eval_max_turns, cfg.test_envs, env_kwargs,
-                                    cfg.test_temperature, cfg.test_samples)["success"]
+                                    cfg.test_temperature, cfg.test_samples, shared)["success"]
         out["tests"].append(row)
         if run is not None: run.log(None, stage=after, **{f"test/{k}": v for k, v in row.items() if k != "after"})
     if cfg.test_base: test("base")
@@ -99,13 +106,16 @@ def run_pipeline(agent: Agent, env_name: str, cfg: PipelineConfig, *, s2s_data: 
         t0 = time.perf_counter()
         if stage == "s2s":
             if s2s_data is None: raise ValueError("the s2s stage needs s2s_data (build_state_reaching_tasks)")
-            res = s2s_stage(agent, s2s_env or env_name, s2s_data, cfg.s2s, progress=progress)
+            res = s2s_stage(agent, s2s_env or env_name, s2s_data, cfg.s2s, env_kwargs=env_kwargs if s2s_env in (None, env_name) else None,
+                            progress=progress, shared=shared)
         elif stage == "rl":
             if not rl_train: raise ValueError("the rl stage needs rl_train tasks")
-            res = task_rl_stage(agent, env_name, list(rl_train), list(rl_eval) or list(rl_train)[:8], cfg.rl, progress=progress)
+            res = task_rl_stage(agent, env_name, list(rl_train), list(rl_eval) or list(rl_train)[:8], cfg.rl, env_kwargs=env_kwargs,
+                                progress=progress, shared=shared)
         elif stage == "sft":
             if not sft_tasks: raise ValueError("the sft stage needs sft_tasks (expert demonstrations)")
-            res = {"sft": sft_stage(agent, env_name, list(sft_tasks), cfg.sft_epochs, cfg.sft_lr, cfg.eval_max_turns, progress=progress)}
+            res = {"sft": sft_stage(agent, env_name, list(sft_tasks), cfg.sft_epochs, cfg.sft_lr, cfg.eval_max_turns, env_kwargs,
+                                    progress=progress, shared=shared)}
         else: raise ValueError(f"unknown stage {stage!r}; stages are 'sft', 's2s', 'rl'")
         res["stage"], res["wall_s"] = stage, time.perf_counter() - t0
         out["stages"].append(res); test(stage)

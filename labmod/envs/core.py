@@ -11,7 +11,7 @@ from ..core import Task, Observation, Step
 
 # %% auto #0
 __all__ = ['ENV_MODULES', 'EnvError', 'MissingDependency', 'Env', 'EnvWrapper', 'normalize_text', 'sort_item_lines',
-           'register_env', 'make_env', 'list_tasks', 'env_names', 'RoutingEnv']
+           'register_env', 'make_env', 'list_tasks', 'env_names', 'SharedEnvs', 'env_factory', 'RoutingEnv']
 
 # %% ../../nbs/10_envs.ipynb #4d3424a6
 class EnvError(RuntimeError):
@@ -102,6 +102,48 @@ def list_tasks(name: str, split: str = "train", **kwargs) -> list[Task]:
 def env_names() -> list[str]: return sorted(set(ENV_MODULES) | set(_REGISTRY))
 
 # %% ../../nbs/10_envs.ipynb #785a12fc
+import threading
+
+class _Borrowed(EnvWrapper):
+    "An env lent by `SharedEnvs`: closing it returns it to the lender."
+    def __init__(self, inner: Env, give_back: Callable[[Env], None]):
+        super().__init__(inner); self._give_back = give_back
+    def close(self) -> None:
+        if self._give_back is not None: self._give_back(self.inner); self._give_back = None
+
+class SharedEnvs:
+    "Lends envs by (name, kwargs); an env closed by its borrower is lent again instead of started again."
+    def __init__(self):
+        self._free: dict[str, list[Env]] = {}
+        self._all: list[Env] = []
+        self._lock = threading.Lock()
+        self.started = 0
+
+    def factory(self, name: str, **kwargs) -> Callable[[], Env]:
+        "A zero-argument factory of `make_env(name, **kwargs)` envs, lent from this pool."
+        key = f"{name}:{sorted(kwargs.items())!r}"
+        def give_back(env: Env):
+            with self._lock: self._free.setdefault(key, []).append(env)
+        def lend() -> Env:
+            with self._lock: env = self._free.get(key, []).pop() if self._free.get(key) else None
+            if env is None:
+                env = make_env(name, **kwargs)
+                with self._lock: self._all.append(env); self.started += 1
+            return _Borrowed(env, give_back)
+        return lend
+
+    def close(self) -> None:
+        with self._lock: envs, self._all, self._free = self._all, [], {}
+        for e in envs: e.close()
+    def __enter__(self): return self
+    def __exit__(self, *exc): self.close()
+
+def env_factory(name: str, env_kwargs: dict | None = None, shared: SharedEnvs | None = None) -> Callable[[], Env]:
+    "A zero-argument factory of `name` envs: new ones, or lent by `shared`."
+    kwargs = env_kwargs or {}
+    return shared.factory(name, **kwargs) if shared is not None else (lambda: make_env(name, **kwargs))
+
+# %% ../../nbs/10_envs.ipynb #770d9917
 class RoutingEnv(Env):
     "One Env over many: each task goes to the env named by `task.env` (built on first use, then reused)."
     name = "routing"
