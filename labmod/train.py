@@ -14,8 +14,8 @@ from .rollout import RolloutEngine, RolloutConfig, agent_state
 from . import rl
 
 # %% auto #0
-__all__ = ['demo_completion', 'expert_trajectories', 'random_trajectories', 'sft_examples', 'evaluate', 'TaskRLConfig',
-           'run_task_rl']
+__all__ = ['demo_completion', 'expert_trajectories', 'random_trajectories', 'sft_examples', 'evaluate', 'snapshot_weights',
+           'restore_weights', 'TaskRLConfig', 'run_task_rl']
 
 # %% ../nbs/25_train.ipynb #8ace9e4c
 def demo_completion(action: str) -> str:
@@ -75,7 +75,16 @@ def evaluate(engine: RolloutEngine, tasks: list[Task], temperature: float = 0.0,
             "invalid_format": sum(not tu.info.get("valid_format", True) for t in trajs for tu in t.turns) / max(n_turns, 1),
             "turns": n_turns / max(len(trajs), 1), "episodes": len(trajs)}
 
-# %% ../nbs/25_train.ipynb #142641a6
+# %% ../nbs/25_train.ipynb #6398c740
+def snapshot_weights(lm) -> dict:
+    "A detached copy of `lm.model`'s weights, for `restore_weights`."
+    return {k: v.detach().clone() for k, v in lm.model.state_dict().items()}
+
+def restore_weights(lm, snapshot: dict) -> None:
+    "Load `snapshot` into `lm.model` and sync the sampler."
+    lm.model.load_state_dict(snapshot); lm.sync_weights()
+
+# %% ../nbs/25_train.ipynb #ac5a7bff
 @dataclass
 class TaskRLConfig:
     "One RL run: rollout, warm start, GRPO and evaluation settings."
@@ -123,8 +132,7 @@ def run_task_rl(agent: Agent, env_factory: Callable[[], Env], train_tasks: list[
         def remember(step, ev):
             curve.append({"update": step, **ev})
             if cfg.select_best and ev["success"] > best["success"]:
-                best.update(success=ev["success"], update=step,
-                            state={k: v.detach().clone() for k, v in lm.model.state_dict().items()})
+                best.update(success=ev["success"], update=step, state=snapshot_weights(lm))
         base = evaluate(engine, eval_tasks, cfg.eval_temperature, cfg.eval_samples); remember(0, base)
         if store is not None: store.log_metrics(0, **{f"eval/{k}": v for k, v in base.items()})
         trainer = rl.PolicyTrainer(lm.model, lm.tokenizer, cfg.grpo, ref_model=ref_model)
@@ -142,7 +150,7 @@ def run_task_rl(agent: Agent, env_factory: Callable[[], Env], train_tasks: list[
             ev = eval_fn(trainer)
             if store is not None: store.log_metrics(trainer.step, **{f"eval/{k}": v for k, v in ev.items()})
         if cfg.select_best and best["state"] is not None:
-            lm.model.load_state_dict(best["state"]); lm.sync_weights()
+            restore_weights(lm, best["state"])
     after = next(c for c in curve if c["update"] == best["update"]) if cfg.select_best and best["update"] is not None else curve[-1]
     return {"curve": curve, "history": history, "sft": sft_stats, "wall_s": time.perf_counter() - t0,
             "before": curve[0], "after": after, "selected_update": after["update"]}
