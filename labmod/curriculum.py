@@ -13,7 +13,7 @@ from .envs.core import normalize_text
 
 # %% auto #0
 __all__ = ['VARIATION_PROMPT', 'group_reward_variance', 'select_seed_tasks', 'kmeans_cosine', 'pseudo_groups',
-           'pseudo_group_variance', 'parse_variations', 'TaskVariationGenerator', 'mix_tasks']
+           'pseudo_group_variance', 'parse_variations', 'TaskVariationGenerator', 'mix_tasks', 'Curriculum']
 
 # %% ../nbs/42_curriculum.ipynb #60d04e56
 def _outcome(traj: Trajectory, reward: str) -> float:
@@ -181,3 +181,58 @@ def mix_tasks(real: Sequence[Task], synthetic: Sequence[Task], lam: float, batch
     batch = _draw(real, n_real, r) + _draw(synthetic, n_syn, r)
     r.shuffle(batch)
     return batch
+
+# %% ../nbs/42_curriculum.ipynb #3600e1fb
+from dataclasses import dataclass, field
+
+@dataclass
+class Curriculum:
+    "DreamGym's task curriculum for a training loop: `batch(tasks)` before collecting, `observe(groups)` after."
+    generator: TaskVariationGenerator
+    lam: float = 0.25                  # most synthetic share of a batch
+    seeds_per_round: int = 2           # highest-variance tasks varied per round
+    min_var: float = 1e-6              # a task seeds a round only with at least this variance
+    variations_per_seed: int = 2
+    every: int = 1                     # a round after this many observed batches
+    max_synthetic: int = 64            # the oldest synthetic tasks leave the pool past this
+    encoder: object = None             # for pseudo-groups (PPO); None: single-rollout groups give variance 0
+    n_clusters: int = 4
+    seed: int = 0
+    synthetic: list = field(default_factory=list)
+    rounds: list = field(default_factory=list)
+
+    def __post_init__(self):
+        if not 0.0 <= self.lam <= 1.0: raise ValueError(f"Curriculum.lam must be in [0, 1], got {self.lam}")
+        self._rng, self._seen, self._batches = random.Random(self.seed), {}, 0
+
+    def batch(self, tasks: Sequence[Task]) -> list[Task]:
+        "`tasks` with up to ⌊λ·len⌋ of them replaced by synthetic tasks."
+        for t in tasks: self._seen[t.id] = t
+        return mix_tasks(list(tasks), self.synthetic, self.lam, len(tasks), self._rng) if self.synthetic else list(tasks)
+
+    def variance(self, groups: Sequence[Sequence[Trajectory]]) -> dict[str, float]:
+        if self.encoder is not None and groups and all(len(g) == 1 for g in groups):
+            return pseudo_group_variance([g[0] for g in groups], self.encoder, self.n_clusters, seed=self.seed)
+        return group_reward_variance(groups)
+
+    def observe(self, groups: Sequence[Sequence[Trajectory]]) -> list[Task]:
+        "Record the batch; on a round, generate and pool new variations (returned)."
+        for g in groups:
+            for t in g: self._seen.setdefault(t.task.id, t.task)
+        self._batches += 1
+        played = sum(1 for g in groups if g and g[0].task.metadata.get("synthetic"))
+        if self._batches % self.every: return []
+        var = self.variance(groups)
+        seeds = [self._seen[i] for i in select_seed_tasks(var, self.seeds_per_round, self.min_var)]
+        new = [t for vs in self.generator.vary_many(seeds, self.variations_per_seed, seed=self._rng.randrange(2**31)) for t in vs] if seeds else []
+        known = {t.id for t in self.synthetic}
+        new = [t for t in new if t.id not in known]
+        self.synthetic = (self.synthetic + new)[-self.max_synthetic:]
+        self.rounds.append({"batch": self._batches, "seeds": [t.id for t in seeds], "variance": {t.id: var[t.id] for t in seeds},
+                            "accepted": len(new), "rejected": len(self.generator.last_rejected) if seeds else 0,
+                            "pool": len(self.synthetic), "synthetic_groups_played": played, "groups": len(groups)})
+        return new
+
+    def summary(self) -> dict:
+        return {"rounds": len(self.rounds), "synthetic_tasks": len(self.synthetic),
+                "accepted": sum(r["accepted"] for r in self.rounds), "rejected": sum(r["rejected"] for r in self.rounds)}

@@ -79,7 +79,8 @@ class TaskRoutedEnv(Env):
 # %% ../nbs/44_dreamgym.ipynb #1a3e5c0f
 MODES, ALGOS = ("real", "dreamgym", "dreamgym_s2r"), ("grpo", "ppo")
 
-def _run_ppo(agent: Agent, env_factory, train_tasks, eval_tasks, cfg: TaskRLConfig, ppo_cfg: rl.PPOConfig, progress: bool) -> dict:
+def _run_ppo(agent: Agent, env_factory, train_tasks, eval_tasks, cfg: TaskRLConfig, ppo_cfg: rl.PPOConfig, progress: bool,
+             curriculum=None) -> dict:
     "PPO through rl.train_loop with the rollout engine and held-out evaluation (the GRPO path is run_task_rl)."
     lm, curve, t0 = agent.lm, [], time.perf_counter()
     with RolloutEngine(agent, env_factory, RolloutConfig(max_turns=cfg.max_turns, n_envs=cfg.n_envs, mode=cfg.rollout_mode,
@@ -87,20 +88,27 @@ def _run_ppo(agent: Agent, env_factory, train_tasks, eval_tasks, cfg: TaskRLConf
         curve.append({"update": 0, **evaluate(engine, eval_tasks, cfg.eval_temperature)})
         trainer = rl.PPOTrainer(lm.model, lm.tokenizer, ppo_cfg)
         def collect(tasks):
-            g = engine.run(tasks, group_size=cfg.group_size); lm.sync_weights(); return g
+            if curriculum is not None: tasks = curriculum.batch(tasks)
+            g = engine.run(tasks, group_size=cfg.group_size)
+            if curriculum is not None: curriculum.observe(g)
+            lm.sync_weights(); return g
         def eval_fn(tr):
             lm.sync_weights(); ev = evaluate(engine, eval_tasks, cfg.eval_temperature); curve.append({"update": tr.step, **ev}); return ev
         hist = rl.train_loop(trainer, collect, train_tasks, cfg.steps, cfg.groups_per_step, eval_fn=eval_fn,
                              eval_every=cfg.eval_every, progress=progress)
         if curve[-1]["update"] != trainer.step: eval_fn(trainer)
-    return {"curve": curve, "history": hist, "before": curve[0], "after": curve[-1], "wall_s": time.perf_counter() - t0}
+    return {"curve": curve, "history": hist, "before": curve[0], "after": curve[-1], "wall_s": time.perf_counter() - t0,
+            **({"curriculum": curriculum.summary()} if curriculum is not None else {})}
 
 def train_policy(mode: str, algo: str, agent: Agent, real_env_factory: Callable[[], Env], train_tasks: list[Task],
                  eval_tasks: list[Task], cfg: TaskRLConfig, em: ExperienceModel | None = None, env_name: str | None = None,
                  s2r_steps: int = 2, s2r_tasks: list[Task] | None = None, sft_tasks: list[Task] | None = None,
                  ppo: rl.PPOConfig | None = None, max_synthetic_steps: int | None = None, enrich: bool = False,
-                 abstract_obs: bool = True, progress: bool = True) -> dict:
-    "Train `agent` in `mode` with `algo`; returns the run results plus `real_interactions` (resets/steps per purpose)."
+                 abstract_obs: bool = True, progress: bool = True, curriculum=None) -> dict:
+    """Train `agent` in `mode` with `algo`; returns the run results plus `real_interactions` (resets/steps per purpose).
+    A `curriculum` (`labmod.curriculum.Curriculum`) adds generated task variations to the synthetic phase only
+    (the real env can only play its own tasks)."""
+    if curriculum is not None and mode == "real": raise ValueError("a curriculum needs the synthetic env: use mode 'dreamgym' or 'dreamgym_s2r'")
     if mode not in MODES: raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if algo not in ALGOS: raise ValueError(f"algo must be one of {ALGOS}, got {algo!r}")
     if mode != "real" and em is None: raise ValueError(f"mode {mode!r} needs an ExperienceModel (em=...)")
@@ -113,9 +121,9 @@ def train_policy(mode: str, algo: str, agent: Agent, real_env_factory: Callable[
     def real():
         e = CountingEnv(real_env_factory(), counter, classify)
         return AbstractStateEnv(e, name) if abstract_obs else e
-    def run_phase(factory, tasks, c, sft):
+    def run_phase(factory, tasks, c, sft, cur=None):
         if algo == "grpo":
-            return run_task_rl(agent, factory, tasks, eval_tasks, c, sft_tasks=sft, progress=progress)
+            return run_task_rl(agent, factory, tasks, eval_tasks, c, sft_tasks=sft, progress=progress, curriculum=cur)
         if sft and c.sft_epochs > 0:   # the same warm start run_task_rl does
             from labmod.train import expert_trajectories, sft_examples
             e = factory()
@@ -123,7 +131,7 @@ def train_policy(mode: str, algo: str, agent: Agent, real_env_factory: Callable[
             finally: e.close()
             rl.sft(agent.lm.model, agent.lm.tokenizer, sft_examples(agent, demos), epochs=c.sft_epochs, lr=c.sft_lr, progress=progress)
         pc = ppo or rl.PPOConfig(lr=c.grpo.lr, seed=c.grpo.seed)
-        return _run_ppo(agent, factory, tasks, eval_tasks, c, pc, progress)
+        return _run_ppo(agent, factory, tasks, eval_tasks, c, pc, progress, cur)
     phases, t0 = [], time.perf_counter()
     if mode == "real":
         phases.append(("real", run_phase(real, train_tasks, cfg, sft_tasks)))
@@ -135,7 +143,7 @@ def train_policy(mode: str, algo: str, agent: Agent, real_env_factory: Callable[
         def synthetic():
             syn = SyntheticEnv(em, name, inits, max_steps=max_synthetic_steps or cfg.max_turns, enrich=enrich)
             return TaskRoutedEnv(syn, real, real_ids)
-        phases.append(("synthetic", run_phase(synthetic, train_tasks, cfg, sft_tasks)))
+        phases.append(("synthetic", run_phase(synthetic, train_tasks, cfg, sft_tasks, curriculum)))
         if mode == "dreamgym_s2r" and s2r_steps > 0:
             c2 = dataclasses.replace(cfg, steps=s2r_steps, sft_epochs=0)
             phases.append(("s2r", run_phase(real, s2r_tasks or train_tasks, c2, None)))

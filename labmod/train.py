@@ -107,8 +107,9 @@ class TaskRLConfig:
 
 def run_task_rl(agent: Agent, env_factory: Callable[[], Env], train_tasks: list[Task], eval_tasks: list[Task],
                 cfg: TaskRLConfig, sft_tasks: list[Task] | None = None, store=None, run=None,
-                ref_model=None, progress: bool = True) -> dict:
-    "SFT warm start (optional) then GRPO; returns the evaluation curve and per-update metrics."
+                ref_model=None, progress: bool = True, curriculum=None) -> dict:
+    """SFT warm start (optional) then GRPO; returns the evaluation curve and per-update metrics.
+    A `curriculum` (`labmod.curriculum.Curriculum`) rewrites each batch of tasks and learns from its groups."""
     if not eval_tasks: raise ValueError("run_task_rl needs evaluation tasks (checkpoint selection and curves rest on them)")
     if not train_tasks: raise ValueError("run_task_rl needs training tasks")
     if cfg.sft_source not in ("expert", "random"):
@@ -137,7 +138,9 @@ def run_task_rl(agent: Agent, env_factory: Callable[[], Env], train_tasks: list[
         if store is not None: store.log_metrics(0, **{f"eval/{k}": v for k, v in base.items()})
         trainer = rl.PolicyTrainer(lm.model, lm.tokenizer, cfg.grpo, ref_model=ref_model)
         def collect(tasks):
+            if curriculum is not None: tasks = curriculum.batch(tasks)
             groups = engine.run(tasks, group_size=cfg.group_size)
+            if curriculum is not None: curriculum.observe(groups)
             lm.sync_weights()
             return groups
         def eval_fn(tr):
@@ -153,4 +156,5 @@ def run_task_rl(agent: Agent, env_factory: Callable[[], Env], train_tasks: list[
             restore_weights(lm, best["state"])
     after = next(c for c in curve if c["update"] == best["update"]) if cfg.select_best and best["update"] is not None else curve[-1]
     return {"curve": curve, "history": history, "sft": sft_stats, "wall_s": time.perf_counter() - t0,
-            "before": curve[0], "after": after, "selected_update": after["update"]}
+            "before": curve[0], "after": after, "selected_update": after["update"],
+            **({"curriculum": curriculum.summary()} if curriculum is not None else {})}

@@ -127,6 +127,38 @@ def test_real_interaction_counter_counts_only_real_steps(data):
     assert 0 <= res["real_train_steps"] <= s2r_turns and res["real_interactions"]["train_resets"] == 1 + 2
 
 
+class _VariationWriter:
+    "A deterministic stand-in for the generator LM's answer (the tiny LM writes no usable variations)."
+    name = "variation-writer"
+    def chat(self, batch, **kw):
+        from labmod.models import Generation
+        return [Generation("1. Find the coin, then open the fridge in the kitchen.\n2. Take the coin and walk back to the start.",
+                           [], [], [], "stop") for _ in batch]
+
+
+def test_curriculum_variations_train_in_the_synthetic_env_only(data):
+    from labmod.curriculum import Curriculum, TaskVariationGenerator
+    em = ExperienceModel(tiny_experience_lm(), data["buf"], k=1, with_reasoning=False, with_history=False, max_new_tokens=16, retries=0)
+    agent = _warm_policy(data, seed=3)
+    cfg = TaskRLConfig(steps=2, groups_per_step=2, group_size=2, max_turns=2, n_envs=2, dynamic_sampling=False, eval_every=0,
+                       grpo=rl.GRPOConfig(lr=1e-4, seed=0, temperature=agent.temperature))
+    cur = Curriculum(TaskVariationGenerator(_VariationWriter()), lam=0.5, seeds_per_round=2, min_var=0.0, seed=0)
+    with pytest.raises(ValueError, match="synthetic env"):
+        train_policy("real", "grpo", agent, lambda: make_env(ENV), data["train_tasks"][:2], data["held_tasks"][:1], cfg, curriculum=cur)
+    res = train_policy("dreamgym", "grpo", agent, lambda: make_env(ENV), data["train_tasks"][:2], data["held_tasks"][:1], cfg,
+                       em=em, progress=False, curriculum=cur)
+    assert [r["synthetic_groups_played"] for r in cur.rounds] == [0, 1]       # λ = 0.5 of 2 groups once the pool has tasks
+    # round 1 varies both real tasks (2 each); round 2 sees one real task (already varied: duplicates dropped) and one
+    # synthetic task, varied again (one of the two answers repeats its own instruction and is rejected)
+    assert [r["accepted"] for r in cur.rounds] == [4, 1] and len(cur.synthetic) == 5
+    real_ids = {x.id for x in data["train_tasks"]}
+    assert sum(t.metadata["parent"] in real_ids for t in cur.synthetic) == 4
+    assert all(t.metadata["parent"] in real_ids or t.metadata["parent"] in {x.id for x in cur.synthetic} for t in cur.synthetic)
+    assert res["phases"]["synthetic"]["curriculum"]["synthetic_tasks"] == 5
+    ri = res["real_interactions"]
+    assert ri.get("train_steps", 0) == 0 and ri["train_resets"] == 2           # variations never touched the real env
+
+
 def test_fidelity_on_held_out_real_transitions(data):
     torch.manual_seed(0)
     # room descriptions are ~60-100 tokens: 128 new tokens fit the whole answer
