@@ -641,6 +641,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                'labmod.models._require_gpu_backend': ('models.html#_require_gpu_backend', 'labmod/models.py'),
                                'labmod.models._resolve_dtype': ('models.html#_resolve_dtype', 'labmod/models.py'),
                                'labmod.models._train_tokenizer': ('models.html#_train_tokenizer', 'labmod/models.py'),
+                               'labmod.models.avoid_cudnn_attention': ('models.html#avoid_cudnn_attention', 'labmod/models.py'),
                                'labmod.models.build_tiny_model': ('models.html#build_tiny_model', 'labmod/models.py'),
                                'labmod.models.load_lm': ('models.html#load_lm', 'labmod/models.py'),
                                'labmod.models.render_plain': ('models.html#render_plain', 'labmod/models.py'),

@@ -13,9 +13,9 @@ from .config import settings
 
 # %% auto #0
 __all__ = ['END_TOKEN', 'PAD_TOKEN', 'ROLE_TOKENS', 'PLAIN_CHAT_TEMPLATE', 'TINY_CONFIG', 'TINY_FORMAT_VERSION', 'SMOLLM2_GGUF',
-           'BACKENDS', 'Generation', 'BackendUnavailable', 'render_plain', 'LM', 'sample_tokens', 'HFLM',
-           'build_tiny_model', 'tiny_corpus', 'smollm2_path', 'UnslothLM', 'VLLMLM', 'OpenAILM', 'resolve_model_path',
-           'load_lm']
+           'BACKENDS', 'Generation', 'BackendUnavailable', 'render_plain', 'LM', 'sample_tokens',
+           'avoid_cudnn_attention', 'HFLM', 'build_tiny_model', 'tiny_corpus', 'smollm2_path', 'UnslothLM', 'VLLMLM',
+           'OpenAILM', 'resolve_model_path', 'load_lm']
 
 # %% ../nbs/20_models.ipynb #ad7f06e9
 @dataclass
@@ -161,6 +161,14 @@ def _default_device() -> str:
     import torch
     return "cuda" if torch.cuda.is_available() else "cpu"
 
+def avoid_cudnn_attention() -> None:
+    """Turn off PyTorch's cuDNN attention kernels (flash and memory-efficient SDPA stay). With torch 2.11 on an
+    H200 the cuDNN backend builds a new graph for every new sequence shape, and RL batches bring a new shape at
+    almost every step: measured there, 76 vs 4.9 ms per decoding step and 110-220 vs 19-21 ms per training
+    forward+backward on fresh lengths (benchmarks/gpu_check.py)."""
+    import torch
+    if torch.cuda.is_available(): torch.backends.cuda.enable_cudnn_sdp(False)
+
 def _resolve_dtype(dtype, device: str):
     import torch
     if dtype is None: return torch.bfloat16 if device.startswith("cuda") and torch.cuda.is_bf16_supported() else torch.float32
@@ -184,6 +192,7 @@ class HFLM(LM):
         from transformers import AutoModelForCausalLM, AutoTokenizer
         self.name, self.path = name or str(path), str(path)
         self.device = device or _default_device()
+        if self.device.startswith("cuda"): avoid_cudnn_attention()
         torch.manual_seed(seed)  # LoRA adapters are initialized randomly
         self.tokenizer = AutoTokenizer.from_pretrained(self.path)
         if self.tokenizer.pad_token_id is None: self.tokenizer.pad_token = self.tokenizer.eos_token

@@ -279,6 +279,9 @@ class PolicyTrainer:
                                        num_training_steps=cfg.total_steps)
         if accelerator is not None:
             model, self.optimizer = accelerator.prepare(model, self.optimizer)
+        if next(model.parameters()).is_cuda:
+            from labmod.models import avoid_cudnn_attention
+            avoid_cudnn_attention()
         self.model = model
         self.step, self.optimizer_steps, self.state = 0, 0, {}   # state: the caller's data position etc.
         if ref_model is not None: ref_model.eval().requires_grad_(False)
