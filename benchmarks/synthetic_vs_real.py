@@ -16,12 +16,13 @@ fast simulator, but that they stand in for envs that are slow, costly or not ava
 
     .venv/bin/python benchmarks/synthetic_vs_real.py [--envs textworld_express scienceworld] [--steps 24] [--n-envs 4]
 """
-import argparse, random, threading, time
+import argparse
 import torch
 from labmod.agent import Agent
 from labmod.envs.core import list_tasks, make_env
 from labmod.experience import ExperienceModel, SyntheticEnv, cache_initial_states, tiny_experience_lm, train_experience_model
-from labmod.experience_data import abstract_state, collect_offline_transitions
+from labmod.experience_data import collect_offline_transitions
+from labmod.dreamgym import env_steps_per_s
 from labmod.replay import ReplayBuffer, get_encoder
 from labmod.rollout import RolloutConfig, RolloutEngine
 from labmod.train import expert_trajectories, sft_examples
@@ -35,29 +36,6 @@ def tasks_for(env_name, n):
     try: ts = list_tasks(env_name, "train", **kw)
     except TypeError: ts = list_tasks(env_name, "train")
     return ts[:n]
-
-
-def raw_steps_per_s(make, tasks, steps_per_env, n_envs, abstract_name=None):
-    "n_envs envs stepped in threads with random admissible actions; total steps / wall seconds."
-    envs = [make() for _ in range(n_envs)]
-    counts = [0] * n_envs
-    def work(i):
-        rng, env = random.Random(i), envs[i]
-        env.reset(tasks[i % len(tasks)])
-        while counts[i] < steps_per_env:
-            acts = env.valid_actions() or ["look around"]
-            st = env.step(rng.choice(acts)); counts[i] += 1
-            if abstract_name: abstract_state(abstract_name, st.obs)     # the real side pays for its state mapping too
-            if st.done: env.reset(tasks[(i + counts[i]) % len(tasks)])
-    try:
-        for i, e in enumerate(envs): e.reset(tasks[i % len(tasks)])   # warm up (JVM class loading) outside the timing
-        th = [threading.Thread(target=work, args=(i,)) for i in range(n_envs)]
-        t0 = time.perf_counter()
-        for t in th: t.start()
-        for t in th: t.join()
-        return sum(counts) / (time.perf_counter() - t0)
-    finally:
-        for e in envs: e.close()
 
 
 def warm_agent(name, tasks, max_turns):
@@ -104,8 +82,8 @@ def main():
         try: inits = cache_initial_states(real0, tasks, name)
         finally: real0.close()
         make_syn = lambda: SyntheticEnv(em, name, inits, max_steps=10 ** 6)
-        real_raw = raw_steps_per_s(lambda: make_env(name), tasks, args.steps, args.n_envs, abstract_name=name)
-        syn_raw = raw_steps_per_s(make_syn, tasks, args.steps, args.n_envs)
+        real_raw = env_steps_per_s(lambda: make_env(name), tasks, args.steps, args.n_envs, abstract_name=name)
+        syn_raw = env_steps_per_s(make_syn, tasks, args.steps, args.n_envs)
         print(f"[{name}] raw env steps/s ({args.n_envs} envs in threads, random admissible actions): "
               f"real {real_raw:.1f}  synthetic {syn_raw:.1f}  ratio synthetic/real {syn_raw / real_raw:.3f}  "
               f"(em ok {1 - em.stats['failed'] / max(em.stats['queries'], 1):.2f}, mean EM batch "

@@ -9,7 +9,7 @@ from collections import Counter
 from typing import Callable, Sequence
 import numpy as np
 from .core import Task, Observation, Step
-from .envs.core import Env, EnvWrapper, normalize_text
+from .envs.core import Env, EnvWrapper, make_env, normalize_text
 from .replay import Transition
 from .experience_data import abstract_state, _history_summary
 from .experience import ExperienceModel, EMQuery, SyntheticEnv, cache_initial_states
@@ -21,7 +21,8 @@ from . import rl
 # %% auto #0
 __all__ = ['MODES', 'ALGOS', 'JUDGE_PROMPT', 'JUDGE_KEYS', 'InteractionCounter', 'split_purpose', 'CountingEnv',
            'AbstractStateEnv', 'TaskRoutedEnv', 'train_policy', 'state_similarity', 'token_f1', 'fidelity',
-           'multi_step_divergence', 'default_judge', 'llm_judge']
+           'multi_step_divergence', 'default_judge', 'llm_judge', 'fit_experience_model', 'dreamgym_row',
+           'env_steps_per_s']
 
 # %% ../nbs/44_dreamgym.ipynb #057ae1d3
 class InteractionCounter:
@@ -270,3 +271,84 @@ def llm_judge(em: ExperienceModel, transitions: Sequence[Transition], judge=None
             v = d.get(k)
             if isinstance(v, (int, float)) and 0 <= v <= 2: scores[k].append(float(v))
     return {**{k: float(np.mean(v)) if v else None for k, v in scores.items()}, "n": len(ts), "unparsed": unparsed}
+
+# %% ../nbs/44_dreamgym.ipynb #cb9e2d1f
+def fit_experience_model(offline: Sequence[Transition], held: Sequence[Transition], seed: int = 0, k: int = 1,
+                         with_reasoning: bool = False, with_history: bool = True, epochs: int = 6, lr: float = 3e-3,
+                         max_new_tokens: int = 64, encoder: str = "hashing", lm=None, progress: bool = False
+                         ) -> tuple[ExperienceModel, dict]:
+    """Replay buffer over `offline` (none when `k == 0`), the experience model (the tiny one unless `lm`) trained on
+    it with `seed`, and a record of its final losses, training seconds and one-step fidelity on `held`."""
+    import torch
+    from labmod.replay import ReplayBuffer, get_encoder
+    from labmod.experience import tiny_experience_lm, train_experience_model
+    buf = None
+    if k > 0: buf = ReplayBuffer(get_encoder(encoder)); buf.add(list(offline))
+    torch.manual_seed(seed)
+    lm = lm if lm is not None else tiny_experience_lm(seed=seed)
+    kw = dict(k=k, with_reasoning=with_reasoning, with_history=with_history)
+    t0 = time.perf_counter()
+    tr = (train_experience_model(lm, offline, buf, epochs=epochs, lr=lr, eval_transitions=list(held)[:16], seed=seed,
+                                 progress=progress, **kw) if epochs > 0 else {})
+    train_s = time.perf_counter() - t0
+    em = ExperienceModel(lm, buf, max_new_tokens=max_new_tokens, retries=1, seed=seed, **kw)
+    fid = fidelity(em, held)
+    last = lambda key: tr[key][-1] if tr.get(key) and tr[key][-1] is not None else float("nan")
+    rec = {"n_offline": len(offline), "train_s": train_s, "loss_outcome": last("loss_outcome"),
+           "eval_loss_outcome": last("eval_loss_outcome"), "loss_reasoning": last("loss_reasoning"),
+           **{m: v for m, v in fid.items() if isinstance(v, (int, float))}}
+    em.train_history = tr   # per-epoch losses, for plots
+    return em, rec
+
+# %% ../nbs/44_dreamgym.ipynb #21151a54
+def dreamgym_row(mode: str, algo: str, em: ExperienceModel | None, env_name: str, train_tasks: list[Task],
+                 eval_tasks: list[Task], sft_tasks: list[Task], seed: int, model: str = "tiny", backend: str = "hf",
+                 steps: int = 6, s2r_steps: int = 2, groups_per_step: int = 2, group_size: int = 8, lr: float = 5e-4,
+                 max_turns: int = 5, sft_epochs: int = 4, sft_lr: float = 1e-3, sft_source: str = "random",
+                 eval_samples: int = 2, temperature: float = 1.0, curriculum_lam: float | None = 0.25,
+                 progress: bool = False) -> dict:
+    """One row of a DreamGym table: a fresh policy (`model`, or `"tiny-em"` for the small tiny-recipe model) warm-started
+    and trained in `mode` with `algo`; held-out success before / after, real training steps and resets, curriculum counts."""
+    import torch
+    from labmod.models import load_lm
+    from labmod.experience import tiny_experience_lm
+    from labmod.curriculum import Curriculum, TaskVariationGenerator
+    torch.manual_seed(seed)
+    lm = tiny_experience_lm(seed=seed) if model == "tiny-em" else load_lm(model, backend=backend, seed=seed)
+    agent = Agent(lm, max_new_tokens=16, temperature=temperature, history_k=0)
+    cfg = TaskRLConfig(steps=steps, groups_per_step=groups_per_step, group_size=group_size, max_turns=max_turns, n_envs=8,
+                       sft_epochs=sft_epochs, sft_lr=sft_lr, sft_source=sft_source, eval_every=0, eval_temperature=temperature,
+                       eval_samples=eval_samples, dynamic_sampling=False,
+                       grpo=rl.GRPOConfig(lr=lr, seed=seed, temperature=temperature, old_logprobs="sampler", micro_batch_size=16))
+    cur = (Curriculum(TaskVariationGenerator(em.lm, max_new_tokens=96), lam=curriculum_lam, seeds_per_round=2, seed=seed)
+           if curriculum_lam and mode != "real" else None)
+    t0 = time.perf_counter()
+    res = train_policy(mode, algo, agent, lambda: make_env(env_name), train_tasks, eval_tasks, cfg, em=em, env_name=env_name,
+                       s2r_steps=s2r_steps, sft_tasks=sft_tasks, progress=progress, curriculum=cur)
+    return {"seed": seed, "mode": mode, "algo": algo, "success_before": res["before"]["success"], "success": res["after"]["success"],
+            "real_train_steps": res["real_train_steps"], "real_train_resets": res["real_interactions"].get("train_resets", 0),
+            "wall_s": time.perf_counter() - t0, **({f"curriculum_{k}": v for k, v in cur.summary().items()} if cur else {})}
+
+# %% ../nbs/44_dreamgym.ipynb #d7460ac4
+def env_steps_per_s(make: Callable[[], Env], tasks: Sequence[Task], steps_per_env: int, n_envs: int = 4,
+                    abstract_name: str | None = None, seed: int = 0) -> float:
+    """Env steps per second with `n_envs` envs stepped in threads on random admissible actions (resets outside the
+    timing; `abstract_name` makes the real side pay for its abstract-state mapping, as a synthetic step includes it)."""
+    import random
+    envs = [make() for _ in range(n_envs)]
+    counts = [0] * n_envs
+    def work(i):
+        rng, env = random.Random(seed * 1000 + i), envs[i]
+        while counts[i] < steps_per_env:
+            st = env.step(rng.choice(env.valid_actions() or ["look around"])); counts[i] += 1
+            if abstract_name: abstract_state(abstract_name, st.obs)
+            if st.done: env.reset(tasks[(i + counts[i]) % len(tasks)])
+    try:
+        for i, e in enumerate(envs): e.reset(tasks[i % len(tasks)])
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(n_envs)]
+        t0 = time.perf_counter()
+        for t in threads: t.start()
+        for t in threads: t.join()
+        return sum(counts) / (time.perf_counter() - t0)
+    finally:
+        for e in envs: e.close()

@@ -24,7 +24,7 @@ __all__ = ['BROWSER_STEP_LIMIT', 'JUDGES', 'DIFFICULTY_MIXES', 'StepBudgetEnv', 
            'EvalQueue', 'QueuedRubricRewardEnv', 'served_hosts', 'WebTaskEnv', 'browser_pool', 'web_env_factory',
            'WebRolloutEngine', 'expert_completion', 'web_expert_trajectories', 'tokenize_demos', 'task_bin',
            'sample_by_difficulty', 'tasks_from_sites', 'WebGymConfig', 'webgym_samples', 'train_webgym', 'sft_demos',
-           'compare_arms', 'rollout_throughput']
+           'webgym_warm_start', 'compare_arms', 'rollout_throughput']
 
 # %% ../nbs/54_webgym.ipynb #f8e9eea5
 BROWSER_STEP_LIMIT = 1000    # the budget wrapper ends episodes; the browser's own limit must never bite first
@@ -279,6 +279,8 @@ class WebGymConfig:
     temperature: float = 1.0
     sft_epochs: int = 0
     sft_lr: float = 1e-3
+    sft_batch_size: int = 8
+    sft_turns: str = "all"            # "all" expert turns, or "click": navigation only (short completions a small model learns fast)
     eval_every: int = 5
     eval_temperature: float = 0.0
     eval_workers: int = 1             # EvalQueue threads; 0 judges inline
@@ -292,6 +294,7 @@ class WebGymConfig:
         if self.train_judge not in JUDGES: raise ValueError(f"WebGymConfig.train_judge must be one of {sorted(JUDGES)}, got {self.train_judge!r}")
         if self.train_judge != "rubric" and self.eval_workers < 1: raise ValueError("a train_judge other than 'rubric' runs on the EvalQueue: set eval_workers >= 1")
         if self.template not in ("memory", "task"): raise ValueError(f"WebGymConfig.template must be 'memory' or 'task', got {self.template!r}")
+        if self.sft_turns not in ("all", "click"): raise ValueError(f"WebGymConfig.sft_turns must be 'all' or 'click', got {self.sft_turns!r}")
 
 def webgym_samples(cfg: WebGymConfig) -> Callable:
     "The sample builder for `train_loop`: WebGym's REINFORCE samples, or GRPO's group advantages."
@@ -315,10 +318,7 @@ def train_webgym(lm, sites: dict[str, str], train_tasks: list[Task], eval_tasks:
     engine = WebRolloutEngine(agent, factory, rcfg, eval_queue=queue)
     try:
         if sft_tasks and cfg.sft_epochs > 0:
-            demos = sft_demos(agent, sites, sft_tasks, cfg)
-            sft_stats = rl.sft(lm.model, lm.tokenizer, sft_examples(agent, demos), epochs=cfg.sft_epochs, lr=cfg.sft_lr,
-                               seed=grpo.seed, progress=progress)
-            lm.sync_weights()
+            sft_stats = webgym_warm_start(agent, sites, sft_tasks, cfg, seed=grpo.seed, progress=progress)
         def eval_all(step):
             if queue is not None: queue.judge = rubric_judge          # held-out success is always the rubric's
             try:
@@ -360,20 +360,51 @@ def sft_demos(agent: Agent, sites: dict[str, str], tasks: list[Task], cfg: WebGy
     try: return web_expert_trajectories(agent, env, tasks, cfg.max_turns)
     finally: env.close()
 
+def webgym_warm_start(agent: Agent, sites: dict[str, str], sft_tasks: list[Task], cfg: WebGymConfig, seed: int = 0,
+                      progress: bool = False) -> dict:
+    "SFT of `agent`'s model on the expert's demonstrations of `sft_tasks` (in `cfg`'s prompt template); returns `rl.sft`'s stats."
+    demos = sft_demos(agent, sites, sft_tasks, cfg)
+    if cfg.sft_turns == "click":
+        for d in demos: d.turns = [t for t in d.turns if t.action.startswith("click(")]
+    stats = rl.sft(agent.lm.model, agent.lm.tokenizer, sft_examples(agent, demos), epochs=cfg.sft_epochs, lr=cfg.sft_lr,
+                   batch_size=cfg.sft_batch_size, seed=seed, progress=progress)
+    agent.lm.sync_weights()
+    return stats
+
+def _warm_key(cfg: WebGymConfig) -> tuple:
+    "What the warm start depends on: arms equal in these share one SFT per seed."
+    return (cfg.template, cfg.history_k, cfg.max_new_tokens, cfg.max_turns, cfg.step_limit, cfg.budget_scale,
+            cfg.repetition_penalty, cfg.sft_epochs, cfg.sft_lr, cfg.sft_batch_size, cfg.sft_turns)
+
 # %% ../nbs/54_webgym.ipynb #9fbfa8d4
 def compare_arms(arms: dict[str, WebGymConfig], load: Callable[[int], object], sites: dict[str, str],
                  train_tasks: list[Task] | dict[str, list[Task]], eval_tasks: list[Task], seeds: list[int],
                  sft_tasks: list[Task] | None = None, extra_eval: dict[str, list[Task]] | None = None,
                  run=None, progress: bool = False) -> tuple[list[dict], list[dict]]:
-    "`(curve rows, history rows)` of `train_webgym` for every arm and seed; `load(seed)` gives a fresh LM."
+    """`(curve rows, history rows)` of `train_webgym` for every arm and seed; `load(seed)` gives a fresh LM. Arms whose
+    warm start is the same (`_warm_key`: prompt template, budgets, SFT settings) share one SFT per seed: the SFT runs
+    once, and every such arm starts from a copy of its weights."""
     from tqdm.auto import tqdm
+    from labmod.train import snapshot_weights, restore_weights
     curves, hists = [], []
-    for name, cfg in tqdm([(n, c) for n, c in arms.items()], desc="arms"):
-        for seed in seeds:
+    for seed in tqdm(seeds, desc="seeds"):
+        warm = {}
+        for name, cfg in arms.items():
             rl.seed_everything(seed)
             cfg_s = dataclasses.replace(cfg, grpo=dataclasses.replace(cfg.grpo, seed=seed))
             tt = train_tasks[name] if isinstance(train_tasks, dict) else train_tasks
-            res = train_webgym(load(seed), sites, tt, eval_tasks, cfg_s, sft_tasks=sft_tasks, extra_eval=extra_eval, progress=progress)
+            lm = load(seed)
+            if sft_tasks and cfg.sft_epochs > 0:
+                key = _warm_key(cfg)
+                if key not in warm:
+                    agent = Agent(lm, template=cfg.template, history_k=cfg.history_k, max_new_tokens=cfg.max_new_tokens,
+                                  temperature=cfg.temperature)
+                    stats = webgym_warm_start(agent, sites, sft_tasks, cfg_s, seed=seed, progress=progress)
+                    warm[key] = snapshot_weights(lm)
+                    if run is not None: run.log(seed=seed, warm_start=str(key[0]), sft_loss_first=stats["loss"][0], sft_loss_last=stats["loss"][-1])
+                else: restore_weights(lm, warm[key])
+                rl.seed_everything(seed)
+            res = train_webgym(lm, sites, tt, eval_tasks, cfg_s, sft_tasks=None, extra_eval=extra_eval, progress=progress)
             curves += [{"arm": name, "seed": seed, **c} for c in res["curve"]]
             hists += [{"arm": name, "seed": seed, **{k: v for k, v in h.items() if isinstance(v, (int, float, bool))}} for h in res["history"]]
             if run is not None:
