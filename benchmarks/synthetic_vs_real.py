@@ -64,7 +64,7 @@ def main():
     ap.add_argument("--envs", nargs="+", default=["textworld_express", "scienceworld"])
     ap.add_argument("--steps", type=int, default=24, help="raw steps per env thread")
     ap.add_argument("--n-envs", type=int, default=4)
-    ap.add_argument("--em-tokens", type=int, default=48)
+    ap.add_argument("--em-tokens", type=int, default=128, help="room descriptions run to ~115 tokens: fewer cuts them off")
     ap.add_argument("--em-epochs", type=int, default=4)
     ap.add_argument("--max-turns", type=int, default=4)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (2 threads thrash on a loaded 2-core machine)")
