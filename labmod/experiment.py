@@ -36,7 +36,7 @@ def mean_ci(values) -> tuple[float, float]:
 def fmt_ci(values, digits: int = 3) -> str:
     "`mean ± half-width (n=...)` for tables."
     m, h = mean_ci(values)
-    n = len([v for v in values if v is not None])
+    n = len([v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))])
     return f"{m:.{digits}f}" if math.isnan(h) else f"{m:.{digits}f} ± {h:.{digits}f} (n={n})"
 
 # %% ../nbs/03_experiment.ipynb #1ab852a1
