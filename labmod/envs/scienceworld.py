@@ -294,7 +294,6 @@ class ScienceWorldEnv(Env):
         "The next gold action while the agent has followed the gold path, else None."
         return None if self._task is None or self._done else self._gold_now()
 
-    @property
     def gold_path(self) -> list[str]:
         "The gold action sequence generated at the last reset."
         return list(self._gold) if self._task else []
@@ -310,7 +309,7 @@ def benchmark_step_rates(task: str = "inclined-plane-friction-unnamed-surfaces",
     env = ScienceWorldEnv(step_limit=10_000)
     try:
         t = Task("bench", "scienceworld", config={"task": task, "variation": variation})
-        env.reset(t); actions = env.gold_path
+        env.reset(t); actions = env.gold_path()
         sw = env._sw
         rates = {"package_step": [], "adapter_step": [], "engine_step_only": []}
         for _ in range(repeats):
