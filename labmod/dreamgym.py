@@ -21,8 +21,8 @@ from . import rl
 # %% auto #0
 __all__ = ['MODES', 'ALGOS', 'JUDGE_PROMPT', 'JUDGE_KEYS', 'InteractionCounter', 'split_purpose', 'CountingEnv',
            'AbstractStateEnv', 'TaskRoutedEnv', 'train_policy', 'state_similarity', 'token_f1', 'fidelity',
-           'multi_step_divergence', 'default_judge', 'llm_judge', 'fit_experience_model', 'dreamgym_row',
-           'env_steps_per_s']
+           'multi_step_divergence', 'replay_agreement', 'onpolicy_agreement', 'default_judge', 'llm_judge',
+           'fit_experience_model', 'dreamgym_row', 'env_steps_per_s']
 
 # %% ../nbs/44_dreamgym.ipynb #057ae1d3
 class InteractionCounter:
@@ -222,6 +222,39 @@ def multi_step_divergence(em: ExperienceModel, real_env_factory: Callable[[], En
             "first_divergence": first_div, "episodes": episodes}
 
 # %% ../nbs/44_dreamgym.ipynb #f8d62e81
+def replay_agreement(trajectories: Sequence, real_env_factory: Callable[[], Env], playable: Callable[[Task], bool] | None = None) -> dict:
+    "Synthetic vs real success of the same action sequences: the confusion counts, precision, recall and agreement."
+    c = Counter()
+    real = real_env_factory()
+    try:
+        for tr in trajectories:
+            if playable is not None and not playable(tr.task): c["skipped"] += 1; continue
+            real.reset(tr.task); real_success = False
+            for a in (t.action for t in tr.turns if t.action):
+                st = real.step(a)
+                if st.done: real_success = bool(st.info.get("success", st.reward > 0)); break
+            c[("both" if tr.success else "real_only") if real_success else ("synthetic_only" if tr.success else "neither")] += 1
+    finally: real.close()
+    n = c["both"] + c["synthetic_only"] + c["real_only"] + c["neither"]
+    syn, rl_ = c["both"] + c["synthetic_only"], c["both"] + c["real_only"]
+    return {"n": n, "skipped": c["skipped"], **{k: c[k] for k in ("both", "synthetic_only", "real_only", "neither")},
+            "synthetic_success": syn / n if n else None, "real_success": rl_ / n if n else None,
+            "precision": c["both"] / syn if syn else None, "recall": c["both"] / rl_ if rl_ else None,
+            "agreement": (c["both"] + c["neither"]) / n if n else None}
+
+def onpolicy_agreement(em: ExperienceModel, agent: Agent, real_env_factory: Callable[[], Env], tasks: Sequence[Task],
+                       episodes_per_task: int = 1, max_turns: int = 5, env_name: str | None = None, seed: int = 0) -> dict:
+    "`agent`'s episodes in a `SyntheticEnv` (from each task's real initial state), replayed in the real env: `replay_agreement`."
+    probe = AbstractStateEnv(real_env_factory(), env_name)
+    name = probe.env_name
+    try: inits = cache_initial_states(probe, tasks, name)
+    finally: probe.close()
+    with RolloutEngine(agent, lambda: SyntheticEnv(em, name, inits, max_steps=max_turns),
+                       RolloutConfig(max_turns=max_turns, n_envs=min(8, len(tasks) * episodes_per_task), seed=seed)) as engine:
+        trajs = [t for g in engine.run(list(tasks), group_size=episodes_per_task) for t in g]
+    return replay_agreement(trajs, real_env_factory)
+
+# %% ../nbs/44_dreamgym.ipynb #46f007c3
 JUDGE_PROMPT = """You rate one transition predicted by a learned environment model for the {env} environment.
 
 Task: {instruction}
@@ -272,7 +305,7 @@ def llm_judge(em: ExperienceModel, transitions: Sequence[Transition], judge=None
             if isinstance(v, (int, float)) and 0 <= v <= 2: scores[k].append(float(v))
     return {**{k: float(np.mean(v)) if v else None for k, v in scores.items()}, "n": len(ts), "unparsed": unparsed}
 
-# %% ../nbs/44_dreamgym.ipynb #cb9e2d1f
+# %% ../nbs/44_dreamgym.ipynb #d7460ac4
 def fit_experience_model(offline: Sequence[Transition], held: Sequence[Transition], seed: int = 0, k: int = 1,
                          with_reasoning: bool = False, with_history: bool = True, epochs: int = 6, lr: float = 3e-3,
                          max_new_tokens: int = 64, encoder: str = "hashing", lm=None, progress: bool = False
@@ -300,7 +333,7 @@ def fit_experience_model(offline: Sequence[Transition], held: Sequence[Transitio
     em.train_history = tr   # per-epoch losses, for plots
     return em, rec
 
-# %% ../nbs/44_dreamgym.ipynb #21151a54
+# %% ../nbs/44_dreamgym.ipynb #688017ba
 def dreamgym_row(mode: str, algo: str, em: ExperienceModel | None, env_name: str, train_tasks: list[Task],
                  eval_tasks: list[Task], sft_tasks: list[Task], seed: int, model: str = "tiny", backend: str = "hf",
                  steps: int = 6, s2r_steps: int = 2, groups_per_step: int = 2, group_size: int = 8, lr: float = 5e-4,
@@ -329,7 +362,7 @@ def dreamgym_row(mode: str, algo: str, em: ExperienceModel | None, env_name: str
             "real_train_steps": res["real_train_steps"], "real_train_resets": res["real_interactions"].get("train_resets", 0),
             "wall_s": time.perf_counter() - t0, **({f"curriculum_{k}": v for k, v in cur.summary().items()} if cur else {})}
 
-# %% ../nbs/44_dreamgym.ipynb #d7460ac4
+# %% ../nbs/44_dreamgym.ipynb #5b0b42ec
 def env_steps_per_s(make: Callable[[], Env], tasks: Sequence[Task], steps_per_env: int, n_envs: int = 4,
                     abstract_name: str | None = None, seed: int = 0) -> float:
     """Env steps per second with `n_envs` envs stepped in threads on random admissible actions (resets outside the

@@ -9,7 +9,7 @@ from labmod.experience import (EMQuery, ExperienceModel, SyntheticEnv, cache_ini
                                train_experience_model)
 from labmod.experience_data import RuleTeacher, annotate, collect_offline_transitions
 from labmod.dreamgym import (AbstractStateEnv, CountingEnv, InteractionCounter, fidelity, llm_judge, multi_step_divergence,
-                             train_policy)
+                             onpolicy_agreement, train_policy)
 from labmod.replay import ReplayBuffer, get_encoder
 from labmod.rollout import RolloutConfig, RolloutEngine
 from labmod.train import TaskRLConfig
@@ -180,3 +180,15 @@ def test_fidelity_on_held_out_real_transitions(data):
     assert 1 <= d["first_divergence"][0] <= 3
     if not os.environ.get("LABMOD_JUDGE_MODEL"):
         assert "LABMOD_JUDGE_MODEL" in llm_judge(trained, data["held"][:1])["skipped"]
+
+
+def test_onpolicy_agreement_replays_the_policys_synthetic_episodes_in_the_real_env(data):
+    torch.manual_seed(0)
+    # an untrained experience model never answers in format: its episodes never succeed, whatever the real env says
+    em = ExperienceModel(tiny_experience_lm(), data["buf"], k=1, with_reasoning=False, with_history=False, max_new_tokens=16, retries=0)
+    agent = _warm_policy(data)
+    a = onpolicy_agreement(em, agent, lambda: make_env(ENV), data["train_tasks"][:2], episodes_per_task=2, max_turns=3)
+    assert a["n"] == 4 and a["skipped"] == 0 and a["both"] + a["synthetic_only"] + a["real_only"] + a["neither"] == 4
+    assert a["synthetic_success"] == 0.0 and a["precision"] is None and a["both"] == 0
+    assert em.stats["queries"] > 0
+    assert a["agreement"] == 1 - a["real_success"]
