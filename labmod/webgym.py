@@ -24,7 +24,7 @@ __all__ = ['BROWSER_STEP_LIMIT', 'JUDGES', 'DIFFICULTY_MIXES', 'StepBudgetEnv', 
            'EvalQueue', 'QueuedRubricRewardEnv', 'served_hosts', 'WebTaskEnv', 'browser_pool', 'web_env_factory',
            'WebRolloutEngine', 'expert_completion', 'web_expert_trajectories', 'tokenize_demos', 'task_bin',
            'sample_by_difficulty', 'tasks_from_sites', 'WebGymConfig', 'webgym_samples', 'train_webgym', 'sft_demos',
-           'webgym_warm_start', 'compare_arms', 'rollout_throughput']
+           'webgym_warm_start', 'compare_arms', 'arm_readings', 'rollout_throughput']
 
 # %% ../nbs/54_webgym.ipynb #f8e9eea5
 BROWSER_STEP_LIMIT = 1000    # the budget wrapper ends episodes; the browser's own limit must never bite first
@@ -412,6 +412,21 @@ def compare_arms(arms: dict[str, WebGymConfig], load: Callable[[int], object], s
     return curves, hists
 
 # %% ../nbs/54_webgym.ipynb #fed9ca25
+def arm_readings(curves) -> "pd.DataFrame":
+    "Per arm (in first-seen order): success and invalid-format share after the warm start and after training, turns per episode."
+    import pandas as pd
+    df = pd.DataFrame(curves)
+    first = df.loc[df.groupby(["arm", "seed"]).update.idxmin()]
+    last = df.loc[df.groupby(["arm", "seed"]).update.idxmax()]
+    rows = []
+    for arm in df.arm.unique():
+        f, l = first[first.arm == arm], last[last.arm == arm]
+        rows.append({"arm": arm, "seeds": len(l), "success after warm start": f.success.mean(), "success after training": l.success.mean(),
+                     "invalid format after warm start": f.invalid_format.mean(), "invalid format after training": l.invalid_format.mean(),
+                     "turns per episode": l.turns.mean()})
+    return pd.DataFrame(rows)
+
+# %% ../nbs/54_webgym.ipynb #e4cf8444
 def rollout_throughput(agent: Agent, sites: dict[str, str], tasks: list[Task], n_envs: int = 4, max_turns: int = 6,
                        step_limit: int | None = 4, modes: tuple = ("sync", "async"), repeats: int = 2, eval_workers: int = 1,
                        pooled: bool = False, seed: int = 1) -> dict:
