@@ -203,16 +203,19 @@ def multi_step_divergence(em: ExperienceModel, real_env_factory: Callable[[], En
             obs = real.reset(task)
             inits = {task.id: {"state": abstract_state(name, obs), "valid_actions": real.valid_actions(),
                                "instruction": task.instruction or (obs.data or {}).get("instruction")}}
-            acts = list(action_sequences[i]) if action_sequences is not None else (real.gold_path() if hasattr(real, "gold_path") else [])
+            acts = list(action_sequences[i]) if action_sequences is not None else None
             syn = SyntheticEnv(em, name, inits, max_steps=max_steps + 1)
             syn.reset(task)
             sims, div = [], None
-            for t, a in enumerate(acts[:max_steps]):
+            for t in range(max_steps):
+                a = (acts[t] if t < len(acts) else None) if acts is not None else real.expert_action()
+                if a is None: break
                 rs, ss = real.step(a), syn.step(a)
                 s = state_similarity(abstract_state(name, rs.obs), ss.obs.text)
                 sims.append(s)
                 if div is None and s < threshold: div = t + 1
                 if rs.done: break
+            if not sims: continue   # no action to replay (no expert here): nothing was compared
             first_div.append(div if div is not None else len(sims) + 1)
             per_step.append(sims); episodes.append({"task": task.id, "similarity": sims, "first_divergence": first_div[-1]})
     finally: real.close()
