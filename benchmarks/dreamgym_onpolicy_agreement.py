@@ -16,7 +16,7 @@ import torch
 from labmod.agent import Agent
 from labmod.envs.core import list_tasks, make_env
 from labmod.experience_data import RuleTeacher, annotate, collect_offline_transitions
-from labmod.dreamgym import AbstractStateEnv, fit_experience_model, onpolicy_agreement
+from labmod.dreamgym import AbstractStateEnv, agreement_stats, fit_experience_model, onpolicy_agreement
 from labmod.models import load_lm
 from labmod.train import random_trajectories, sft_examples
 from labmod import rl
@@ -57,11 +57,9 @@ def main():
         print(f"seed {seed}: {r['n']} episodes; synthetic success {r['synthetic_success']:.3f}, real success of the same actions "
               f"{r['real_success']:.3f}; both {r['both']}, synthetic only {r['synthetic_only']}, real only {r['real_only']}, "
               f"neither {r['neither']}; precision {fmt(r['precision'])}, recall {fmt(r['recall'])}")
-    syn, real = pooled["both"] + pooled["synthetic_only"], pooled["both"] + pooled["real_only"]
-    n = sum(pooled.values())
-    print(f"pooled over {len(a.seeds)} seeds, {n} episodes: synthetic success {syn / n:.3f}, real {real / n:.3f}, "
-          f"precision {pooled['both'] / max(syn, 1):.3f}, recall {pooled['both'] / max(real, 1):.3f}, "
-          f"agreement {(pooled['both'] + pooled['neither']) / n:.3f}")
+    p = agreement_stats(pooled)
+    print(f"pooled over {len(a.seeds)} seeds, {p['n']} episodes: synthetic success {fmt(p['synthetic_success'])}, "
+          f"real {fmt(p['real_success'])}, precision {fmt(p['precision'])}, recall {fmt(p['recall'])}, agreement {fmt(p['agreement'])}")
 
 
 if __name__ == "__main__":

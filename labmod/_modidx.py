@@ -104,6 +104,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                  'labmod.dreamgym.TaskRoutedEnv.valid_actions': ( 'dreamgym.html#taskroutedenv.valid_actions',
                                                                                   'labmod/dreamgym.py'),
                                  'labmod.dreamgym._run_ppo': ('dreamgym.html#_run_ppo', 'labmod/dreamgym.py'),
+                                 'labmod.dreamgym.agreement_stats': ('dreamgym.html#agreement_stats', 'labmod/dreamgym.py'),
                                  'labmod.dreamgym.default_judge': ('dreamgym.html#default_judge', 'labmod/dreamgym.py'),
                                  'labmod.dreamgym.dreamgym_row': ('dreamgym.html#dreamgym_row', 'labmod/dreamgym.py'),
                                  'labmod.dreamgym.env_steps_per_s': ('dreamgym.html#env_steps_per_s', 'labmod/dreamgym.py'),

@@ -21,8 +21,8 @@ from . import rl
 # %% auto #0
 __all__ = ['MODES', 'ALGOS', 'JUDGE_PROMPT', 'JUDGE_KEYS', 'InteractionCounter', 'split_purpose', 'CountingEnv',
            'AbstractStateEnv', 'TaskRoutedEnv', 'train_policy', 'state_similarity', 'token_f1', 'fidelity',
-           'multi_step_divergence', 'replay_agreement', 'onpolicy_agreement', 'default_judge', 'llm_judge',
-           'fit_experience_model', 'dreamgym_row', 'env_steps_per_s']
+           'multi_step_divergence', 'replay_agreement', 'agreement_stats', 'onpolicy_agreement', 'default_judge',
+           'llm_judge', 'fit_experience_model', 'dreamgym_row', 'env_steps_per_s']
 
 # %% ../nbs/44_dreamgym.ipynb #057ae1d3
 class InteractionCounter:
@@ -238,11 +238,15 @@ def replay_agreement(trajectories: Sequence, real_env_factory: Callable[[], Env]
                 if st.done: real_success = bool(st.info.get("success", st.reward > 0)); break
             c[("both" if tr.success else "real_only") if real_success else ("synthetic_only" if tr.success else "neither")] += 1
     finally: real.close()
-    n = c["both"] + c["synthetic_only"] + c["real_only"] + c["neither"]
-    syn, rl_ = c["both"] + c["synthetic_only"], c["both"] + c["real_only"]
-    return {"n": n, "skipped": c["skipped"], **{k: c[k] for k in ("both", "synthetic_only", "real_only", "neither")},
-            "synthetic_success": syn / n if n else None, "real_success": rl_ / n if n else None,
-            "precision": c["both"] / syn if syn else None, "recall": c["both"] / rl_ if rl_ else None,
+    return {"skipped": c["skipped"], **agreement_stats(c)}
+
+def agreement_stats(counts) -> dict:
+    "From the counts `both`, `synthetic_only`, `real_only`, `neither`: n, both success rates, precision, recall, agreement."
+    c = {k: counts.get(k, 0) for k in ("both", "synthetic_only", "real_only", "neither")}
+    n = sum(c.values())
+    syn, real = c["both"] + c["synthetic_only"], c["both"] + c["real_only"]
+    return {"n": n, **c, "synthetic_success": syn / n if n else None, "real_success": real / n if n else None,
+            "precision": c["both"] / syn if syn else None, "recall": c["both"] / real if real else None,
             "agreement": (c["both"] + c["neither"]) / n if n else None}
 
 def onpolicy_agreement(em: ExperienceModel, agent: Agent, real_env_factory: Callable[[], Env], tasks: Sequence[Task],
