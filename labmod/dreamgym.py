@@ -15,14 +15,14 @@ from .experience_data import abstract_state, _history_summary
 from .experience import ExperienceModel, EMQuery, SyntheticEnv, cache_initial_states
 from .agent import Agent
 from .rollout import RolloutEngine, RolloutConfig
-from .train import TaskRLConfig, run_task_rl, evaluate
+from .train import TaskRLConfig, run_task_rl, evaluate, warm_start
 from . import rl
 
 # %% auto #0
 __all__ = ['MODES', 'ALGOS', 'JUDGE_PROMPT', 'JUDGE_KEYS', 'InteractionCounter', 'split_purpose', 'CountingEnv',
            'AbstractStateEnv', 'TaskRoutedEnv', 'train_policy', 'state_similarity', 'token_f1', 'fidelity',
            'multi_step_divergence', 'replay_agreement', 'agreement_stats', 'onpolicy_agreement', 'default_judge',
-           'llm_judge', 'fit_experience_model', 'dreamgym_row', 'env_steps_per_s']
+           'llm_judge', 'fit_experience_model', 'dreamgym_row', 'warm_policy_agreement', 'env_steps_per_s']
 
 # %% ../nbs/44_dreamgym.ipynb #057ae1d3
 class InteractionCounter:
@@ -126,11 +126,7 @@ def train_policy(mode: str, algo: str, agent: Agent, real_env_factory: Callable[
         if algo == "grpo":
             return run_task_rl(agent, factory, tasks, eval_tasks, c, sft_tasks=sft, progress=progress, curriculum=cur)
         if sft and c.sft_epochs > 0:   # the same warm start run_task_rl does
-            from labmod.train import expert_trajectories, sft_examples
-            e = factory()
-            try: demos = expert_trajectories(agent, e, sft, c.max_turns)
-            finally: e.close()
-            rl.sft(agent.lm.model, agent.lm.tokenizer, sft_examples(agent, demos), epochs=c.sft_epochs, lr=c.sft_lr, progress=progress)
+            warm_start(agent, factory, sft, c.sft_source, c.sft_epochs, c.sft_lr, c.max_turns, c.grpo.seed, progress)
         pc = ppo or rl.PPOConfig(lr=c.grpo.lr, seed=c.grpo.seed)
         return _run_ppo(agent, factory, tasks, eval_tasks, c, pc, progress, cur)
     phases, t0 = [], time.perf_counter()
@@ -341,6 +337,15 @@ def fit_experience_model(offline: Sequence[Transition], held: Sequence[Transitio
     return em, rec
 
 # %% ../nbs/44_dreamgym.ipynb #688017ba
+def _fresh_policy(model: str, backend: str, seed: int, temperature: float) -> Agent:
+    """The policy a DreamGym row starts from: `model` (`"tiny-em"`: the small tiny-recipe model) seeded with `seed`."""
+    import torch
+    from labmod.models import load_lm
+    from labmod.experience import tiny_experience_lm
+    torch.manual_seed(seed)
+    lm = tiny_experience_lm(seed=seed) if model == "tiny-em" else load_lm(model, backend=backend, seed=seed)
+    return Agent(lm, max_new_tokens=16, temperature=temperature, history_k=0)
+
 def dreamgym_row(mode: str, algo: str, em: ExperienceModel | None, env_name: str, train_tasks: list[Task],
                  eval_tasks: list[Task], sft_tasks: list[Task], seed: int, model: str = "tiny", backend: str = "hf",
                  steps: int = 6, s2r_steps: int = 2, groups_per_step: int = 2, group_size: int = 8, lr: float = 5e-4,
@@ -349,13 +354,8 @@ def dreamgym_row(mode: str, algo: str, em: ExperienceModel | None, env_name: str
                  progress: bool = False) -> dict:
     """One row of a DreamGym table: a fresh policy (`model`, or `"tiny-em"` for the small tiny-recipe model) warm-started
     and trained in `mode` with `algo`; held-out success before / after, real training steps and resets, curriculum counts."""
-    import torch
-    from labmod.models import load_lm
-    from labmod.experience import tiny_experience_lm
     from labmod.curriculum import Curriculum, TaskVariationGenerator
-    torch.manual_seed(seed)
-    lm = tiny_experience_lm(seed=seed) if model == "tiny-em" else load_lm(model, backend=backend, seed=seed)
-    agent = Agent(lm, max_new_tokens=16, temperature=temperature, history_k=0)
+    agent = _fresh_policy(model, backend, seed, temperature)
     cfg = TaskRLConfig(steps=steps, groups_per_step=groups_per_step, group_size=group_size, max_turns=max_turns, n_envs=8,
                        sft_epochs=sft_epochs, sft_lr=sft_lr, sft_source=sft_source, eval_every=0, eval_temperature=temperature,
                        eval_samples=eval_samples, dynamic_sampling=False,
@@ -369,7 +369,18 @@ def dreamgym_row(mode: str, algo: str, em: ExperienceModel | None, env_name: str
             "real_train_steps": res["real_train_steps"], "real_train_resets": res["real_interactions"].get("train_resets", 0),
             "wall_s": time.perf_counter() - t0, **({f"curriculum_{k}": v for k, v in cur.summary().items()} if cur else {})}
 
-# %% ../nbs/44_dreamgym.ipynb #5b0b42ec
+def warm_policy_agreement(em: ExperienceModel, env_name: str, tasks: list[Task], sft_tasks: list[Task], seed: int,
+                          model: str = "tiny", backend: str = "hf", max_turns: int = 5, sft_epochs: int = 4, sft_lr: float = 1e-3,
+                          sft_source: str = "random", temperature: float = 1.0, episodes_per_task: int = 4) -> dict:
+    """`onpolicy_agreement` of the policy a `dreamgym_row` with the same arguments starts its training from (same model,
+    seed and warm start): how often its synthetic successes on `tasks` are real ones."""
+    agent = _fresh_policy(model, backend, seed, temperature)
+    warm_start(agent, lambda: AbstractStateEnv(make_env(env_name), env_name), sft_tasks, sft_source, sft_epochs, sft_lr, max_turns,
+               seed, progress=False)
+    return {"seed": seed, **onpolicy_agreement(em, agent, lambda: make_env(env_name), tasks, episodes_per_task, max_turns,
+                                               env_name, seed)}
+
+# %% ../nbs/44_dreamgym.ipynb #294aaa64
 def env_steps_per_s(make: Callable[[], Env], tasks: Sequence[Task], steps_per_env: int, n_envs: int = 4,
                     abstract_name: str | None = None, seed: int = 0) -> float:
     """Env steps per second with `n_envs` envs stepped in threads on random admissible actions (resets outside the

@@ -12,9 +12,8 @@ from .envs.core import SharedEnvs, env_factory
 from .explore import RandomExplorer, LLMExplorer, explore
 from .s2s_tasks import S2SBuildConfig, S2SDataset, build_s2s_dataset
 from .verify import StateReachingEnv
-from .train import TaskRLConfig, run_task_rl, evaluate, expert_trajectories, random_trajectories, sft_examples
+from .train import TaskRLConfig, run_task_rl, evaluate, warm_start
 from .rollout import RolloutEngine, RolloutConfig
-from . import rl
 
 # %% auto #0
 __all__ = ['build_state_reaching_tasks', 's2s_stage', 'task_rl_stage', 'sft_stage', 'evaluate_on', 'PipelineConfig',
@@ -52,13 +51,8 @@ def sft_stage(agent: Agent, env_name: str, demo_tasks: list[Task], epochs: int =
               shared: SharedEnvs | None = None) -> dict:
     """Supervised warm start (task prompt) on the env's expert demonstrations, or on random valid actions
     (`source="random"`: the action format without a strategy)."""
-    if source not in ("expert", "random"): raise ValueError(f"sft_stage: source must be 'expert' or 'random', got {source!r}")
     task_agent = dataclasses.replace(agent, template="task")
-    env = env_factory(env_name, env_kwargs, shared)()
-    try: demos = (random_trajectories(task_agent, env, demo_tasks, max_turns, seed=seed) if source == "random"
-                  else expert_trajectories(task_agent, env, demo_tasks, max_turns))
-    finally: env.close()
-    return rl.sft(agent.lm.model, agent.lm.tokenizer, sft_examples(task_agent, demos), epochs=epochs, lr=lr, seed=seed, progress=progress)
+    return warm_start(task_agent, env_factory(env_name, env_kwargs, shared), demo_tasks, source, epochs, lr, max_turns, seed, progress)
 
 def evaluate_on(agent: Agent, env_name: str, tasks: list[Task], max_turns: int, n_envs: int = 4, env_kwargs: dict | None = None,
                 temperature: float = 0.0, samples_per_task: int = 1, shared: SharedEnvs | None = None) -> dict:

@@ -14,8 +14,8 @@ from .rollout import RolloutEngine, RolloutConfig, agent_state
 from . import rl
 
 # %% auto #0
-__all__ = ['demo_completion', 'expert_trajectories', 'random_trajectories', 'sft_examples', 'evaluate', 'snapshot_weights',
-           'restore_weights', 'TaskRLConfig', 'run_task_rl']
+__all__ = ['SFT_SOURCES', 'demo_completion', 'expert_trajectories', 'random_trajectories', 'sft_examples', 'warm_start',
+           'evaluate', 'snapshot_weights', 'restore_weights', 'TaskRLConfig', 'run_task_rl']
 
 # %% ../nbs/25_train.ipynb #8ace9e4c
 def demo_completion(action: str) -> str:
@@ -62,6 +62,21 @@ def sft_examples(agent: Agent, trajectories: list[Trajectory]) -> list[tuple[lis
             for tr in trajectories for t in tr.turns]
 
 # %% ../nbs/25_train.ipynb #e62f0cf2
+SFT_SOURCES = ("expert", "random")
+
+def warm_start(agent: Agent, env_factory: Callable[[], Env], tasks: list[Task], source: str = "expert", epochs: int = 4,
+               lr: float = 1e-3, max_turns: int = 8, seed: int = 0, progress: bool = True) -> dict:
+    "SFT of `agent` on `source` demonstrations of `tasks` (one episode each, at most `max_turns`); returns `rl.sft`'s stats."
+    if source not in SFT_SOURCES: raise ValueError(f"warm start source must be one of {SFT_SOURCES}, got {source!r}")
+    env = env_factory()
+    try: demos = (random_trajectories(agent, env, tasks, max_turns, seed=seed) if source == "random"
+                  else expert_trajectories(agent, env, tasks, max_turns))
+    finally: env.close()
+    stats = rl.sft(agent.lm.model, agent.lm.tokenizer, sft_examples(agent, demos), epochs=epochs, lr=lr, seed=seed, progress=progress)
+    agent.lm.sync_weights()
+    return stats
+
+# %% ../nbs/25_train.ipynb #142641a6
 def evaluate(engine: RolloutEngine, tasks: list[Task], temperature: float = 0.0, samples_per_task: int = 1) -> dict:
     "Success rate, mean return, invalid-format rate and mean turns over `samples_per_task` episodes per task."
     agent = engine.agent
@@ -75,7 +90,7 @@ def evaluate(engine: RolloutEngine, tasks: list[Task], temperature: float = 0.0,
             "invalid_format": sum(not tu.info.get("valid_format", True) for t in trajs for tu in t.turns) / max(n_turns, 1),
             "turns": n_turns / max(len(trajs), 1), "episodes": len(trajs)}
 
-# %% ../nbs/25_train.ipynb #6398c740
+# %% ../nbs/25_train.ipynb #81e3b26c
 def snapshot_weights(lm) -> dict:
     "A detached copy of `lm.model`'s weights, for `restore_weights`."
     return {k: v.detach().clone() for k, v in lm.model.state_dict().items()}
@@ -84,7 +99,7 @@ def restore_weights(lm, snapshot: dict) -> None:
     "Load `snapshot` into `lm.model` and sync the sampler."
     lm.model.load_state_dict(snapshot); lm.sync_weights()
 
-# %% ../nbs/25_train.ipynb #ac5a7bff
+# %% ../nbs/25_train.ipynb #c35d1413
 @dataclass
 class TaskRLConfig:
     "One RL run: rollout, warm start, GRPO and evaluation settings."
@@ -112,8 +127,8 @@ def run_task_rl(agent: Agent, env_factory: Callable[[], Env], train_tasks: list[
     A `curriculum` (`labmod.curriculum.Curriculum`) rewrites each batch of tasks and learns from its groups."""
     if not eval_tasks: raise ValueError("run_task_rl needs evaluation tasks (checkpoint selection and curves rest on them)")
     if not train_tasks: raise ValueError("run_task_rl needs training tasks")
-    if cfg.sft_source not in ("expert", "random"):
-        raise ValueError(f"TaskRLConfig.sft_source must be 'expert' or 'random', got {cfg.sft_source!r}")
+    if cfg.sft_source not in SFT_SOURCES:
+        raise ValueError(f"TaskRLConfig.sft_source must be one of {SFT_SOURCES}, got {cfg.sft_source!r}")
     lm = agent.lm
     if cfg.grpo.temperature != agent.temperature:   # log-probs in the loss must be those of the sampling distribution
         cfg = dataclasses.replace(cfg, grpo=dataclasses.replace(cfg.grpo, temperature=agent.temperature))
@@ -123,12 +138,8 @@ def run_task_rl(agent: Agent, env_factory: Callable[[], Env], train_tasks: list[
                                                           seed=cfg.grpo.seed)) as engine:
         t0 = time.perf_counter(); sft_stats = None
         if sft_tasks and cfg.sft_epochs > 0:
-            env = env_factory()
-            try: demos = (random_trajectories(agent, env, sft_tasks, cfg.max_turns, seed=cfg.grpo.seed) if cfg.sft_source == "random"
-                          else expert_trajectories(agent, env, sft_tasks, cfg.max_turns))
-            finally: env.close()
-            sft_stats = rl.sft(lm.model, lm.tokenizer, sft_examples(agent, demos), epochs=cfg.sft_epochs, lr=cfg.sft_lr,
-                               seed=cfg.grpo.seed, progress=progress)
+            sft_stats = warm_start(agent, env_factory, sft_tasks, cfg.sft_source, cfg.sft_epochs, cfg.sft_lr, cfg.max_turns,
+                                   cfg.grpo.seed, progress)
         best = {"success": -1.0, "update": None, "state": None}
         def remember(step, ev):
             curve.append({"update": step, **ev})
