@@ -473,6 +473,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'labmod.experience.cache_initial_states': ( 'experience.html#cache_initial_states',
                                                                                'labmod/experience.py'),
                                    'labmod.experience.em_losses': ('experience.html#em_losses', 'labmod/experience.py'),
+                                   'labmod.experience.gate_reward': ('experience.html#gate_reward', 'labmod/experience.py'),
                                    'labmod.experience.tiny_experience_lm': ('experience.html#tiny_experience_lm', 'labmod/experience.py'),
                                    'labmod.experience.train_experience_model': ( 'experience.html#train_experience_model',
                                                                                  'labmod/experience.py')},

@@ -105,10 +105,10 @@ def train_policy(mode: str, algo: str, agent: Agent, real_env_factory: Callable[
                  eval_tasks: list[Task], cfg: TaskRLConfig, em: ExperienceModel | None = None, env_name: str | None = None,
                  s2r_steps: int = 2, s2r_tasks: list[Task] | None = None, sft_tasks: list[Task] | None = None,
                  ppo: rl.PPOConfig | None = None, max_synthetic_steps: int | None = None, enrich: bool = False,
-                 abstract_obs: bool = True, progress: bool = True, curriculum=None) -> dict:
+                 abstract_obs: bool = True, progress: bool = True, curriculum=None, reward_gate: bool = False) -> dict:
     """Train `agent` in `mode` with `algo`; returns the run results plus `real_interactions` (resets/steps per purpose).
     A `curriculum` (`labmod.curriculum.Curriculum`) adds generated task variations to the synthetic phase only
-    (the real env can only play its own tasks)."""
+    (the real env can only play its own tasks). `reward_gate` turns on `SyntheticEnv`'s reward gate."""
     if curriculum is not None and mode == "real": raise ValueError("a curriculum needs the synthetic env: use mode 'dreamgym' or 'dreamgym_s2r'")
     if mode not in MODES: raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if algo not in ALGOS: raise ValueError(f"algo must be one of {ALGOS}, got {algo!r}")
@@ -138,7 +138,7 @@ def train_policy(mode: str, algo: str, agent: Agent, real_env_factory: Callable[
         finally: init_env.close()
         real_ids = eval_ids | sft_ids
         def synthetic():
-            syn = SyntheticEnv(em, name, inits, max_steps=max_synthetic_steps or cfg.max_turns, enrich=enrich)
+            syn = SyntheticEnv(em, name, inits, max_steps=max_synthetic_steps or cfg.max_turns, enrich=enrich, gate_rewards=reward_gate)
             return TaskRoutedEnv(syn, real, real_ids)
         phases.append(("synthetic", run_phase(synthetic, train_tasks, cfg, sft_tasks, curriculum)))
         if mode == "dreamgym_s2r" and s2r_steps > 0:
@@ -246,13 +246,14 @@ def agreement_stats(counts) -> dict:
             "agreement": (c["both"] + c["neither"]) / n if n else None}
 
 def onpolicy_agreement(em: ExperienceModel, agent: Agent, real_env_factory: Callable[[], Env], tasks: Sequence[Task],
-                       episodes_per_task: int = 1, max_turns: int = 5, env_name: str | None = None, seed: int = 0) -> dict:
+                       episodes_per_task: int = 1, max_turns: int = 5, env_name: str | None = None, seed: int = 0,
+                       reward_gate: bool = False) -> dict:
     "`agent`'s episodes in a `SyntheticEnv` (from each task's real initial state), replayed in the real env: `replay_agreement`."
     probe = AbstractStateEnv(real_env_factory(), env_name)
     name = probe.env_name
     try: inits = cache_initial_states(probe, tasks, name)
     finally: probe.close()
-    with RolloutEngine(agent, lambda: SyntheticEnv(em, name, inits, max_steps=max_turns),
+    with RolloutEngine(agent, lambda: SyntheticEnv(em, name, inits, max_steps=max_turns, gate_rewards=reward_gate),
                        RolloutConfig(max_turns=max_turns, n_envs=min(8, len(tasks) * episodes_per_task), seed=seed)) as engine:
         trajs = [t for g in engine.run(list(tasks), group_size=episodes_per_task) for t in g]
     return replay_agreement(trajs, real_env_factory)
@@ -351,7 +352,7 @@ def dreamgym_row(mode: str, algo: str, em: ExperienceModel | None, env_name: str
                  steps: int = 6, s2r_steps: int = 2, groups_per_step: int = 2, group_size: int = 8, lr: float = 5e-4,
                  max_turns: int = 5, sft_epochs: int = 4, sft_lr: float = 1e-3, sft_source: str = "random",
                  eval_samples: int = 2, temperature: float = 1.0, curriculum_lam: float | None = 0.25,
-                 progress: bool = False) -> dict:
+                 reward_gate: bool = False, progress: bool = False) -> dict:
     """One row of a DreamGym table: a fresh policy (`model`, or `"tiny-em"` for the small tiny-recipe model) warm-started
     and trained in `mode` with `algo`; held-out success before / after, real training steps and resets, curriculum counts."""
     from labmod.curriculum import Curriculum, TaskVariationGenerator
@@ -364,21 +365,22 @@ def dreamgym_row(mode: str, algo: str, em: ExperienceModel | None, env_name: str
            if curriculum_lam and mode != "real" else None)
     t0 = time.perf_counter()
     res = train_policy(mode, algo, agent, lambda: make_env(env_name), train_tasks, eval_tasks, cfg, em=em, env_name=env_name,
-                       s2r_steps=s2r_steps, sft_tasks=sft_tasks, progress=progress, curriculum=cur)
+                       s2r_steps=s2r_steps, sft_tasks=sft_tasks, progress=progress, curriculum=cur, reward_gate=reward_gate)
     return {"seed": seed, "mode": mode, "algo": algo, "success_before": res["before"]["success"], "success": res["after"]["success"],
             "real_train_steps": res["real_train_steps"], "real_train_resets": res["real_interactions"].get("train_resets", 0),
             "wall_s": time.perf_counter() - t0, **({f"curriculum_{k}": v for k, v in cur.summary().items()} if cur else {})}
 
 def warm_policy_agreement(em: ExperienceModel, env_name: str, tasks: list[Task], sft_tasks: list[Task], seed: int,
                           model: str = "tiny", backend: str = "hf", max_turns: int = 5, sft_epochs: int = 4, sft_lr: float = 1e-3,
-                          sft_source: str = "random", temperature: float = 1.0, episodes_per_task: int = 4) -> dict:
+                          sft_source: str = "random", temperature: float = 1.0, episodes_per_task: int = 4,
+                          reward_gate: bool = False) -> dict:
     """`onpolicy_agreement` of the policy a `dreamgym_row` with the same arguments starts its training from (same model,
     seed and warm start): how often its synthetic successes on `tasks` are real ones."""
     agent = _fresh_policy(model, backend, seed, temperature)
     warm_start(agent, lambda: AbstractStateEnv(make_env(env_name), env_name), sft_tasks, sft_source, sft_epochs, sft_lr, max_turns,
                seed, progress=False)
     return {"seed": seed, **onpolicy_agreement(em, agent, lambda: make_env(env_name), tasks, episodes_per_task, max_turns,
-                                               env_name, seed)}
+                                               env_name, seed, reward_gate)}
 
 # %% ../nbs/44_dreamgym.ipynb #294aaa64
 def env_steps_per_s(make: Callable[[], Env], tasks: Sequence[Task], steps_per_env: int, n_envs: int = 4,

@@ -18,7 +18,7 @@ from . import rl
 
 # %% auto #0
 __all__ = ['TINY_EM_CONFIG', 'INITIAL_STATE_PROMPT', 'EMQuery', 'ExperienceModel', 'tiny_experience_lm', 'em_losses',
-           'train_experience_model', 'SyntheticEnv', 'cache_initial_states']
+           'train_experience_model', 'gate_reward', 'SyntheticEnv', 'cache_initial_states']
 
 # %% ../nbs/43_experience.ipynb #9e95a6ee
 def _history_text(history) -> str:
@@ -219,11 +219,17 @@ Task: {instruction}
 
 Answer as <state>...</state>"""
 
+def gate_reward(action: str, reward: float, listed: Sequence[str] | None) -> tuple[float, bool]:
+    "(reward, gated): a positive reward for an action outside a non-empty `listed` set becomes 0."
+    if reward <= 0 or not listed: return reward, False
+    if normalize_text(action) in {normalize_text(a) for a in listed}: return reward, False
+    return 0.0, True
+
 class SyntheticEnv(Env):
     "DreamGym's experience model behind the `Env` interface: reset/step are predictions, not simulations."
     def __init__(self, em: ExperienceModel, env_name: str, initial_states: dict | None = None, max_steps: int = 30,
-                 enrich: bool = False, action_k: int = 8, history_keep: int = 4):
-        self.em, self.env_name = em, env_name
+                 enrich: bool = False, action_k: int = 8, history_keep: int = 4, gate_rewards: bool = False):
+        self.em, self.env_name, self.gate_rewards = em, env_name, gate_rewards
         self.name = f"synthetic:{env_name}"
         self.initial_states = initial_states if initial_states is not None else {}
         self.max_steps, self.enrich, self.action_k, self.history_keep = max_steps, enrich, action_k, history_keep
@@ -283,6 +289,8 @@ class SyntheticEnv(Env):
         if out.ok:
             nxt, reward, done = out.next_state, min(1.0, max(0.0, float(out.reward))), bool(out.done)
             info["reasoning"] = out.reasoning
+            if self.gate_rewards and self._real_actions and reward > 0:   # the listed actions of the state acted in
+                reward, info["reward_gated"] = gate_reward(action, reward, self.valid_actions())
             if self.enrich and self.em.buffer is not None:
                 with self.em.buffer_lock: self.em.buffer.add([Transition(self.env_name, self.task.id, self._instruction(self.task), self.state, action, nxt,
                                                reward, done, history=_history_summary(self.history, self.history_keep),

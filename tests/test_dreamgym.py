@@ -12,7 +12,7 @@ from labmod.dreamgym import (AbstractStateEnv, CountingEnv, InteractionCounter, 
                              onpolicy_agreement, train_policy)
 from labmod.replay import ReplayBuffer, get_encoder
 from labmod.rollout import RolloutConfig, RolloutEngine
-from labmod.train import TaskRLConfig
+from labmod.train import TaskRLConfig, warm_start
 from labmod import rl
 
 ENV = "textworld_express"
@@ -67,12 +67,8 @@ def test_malformed_answers_are_marked_not_raised(data):
 
 def _warm_policy(data, seed=1):
     "The small tiny-recipe policy after a short SFT on real expert demos, so that it writes well-formed actions."
-    from labmod.train import expert_trajectories, sft_examples
     agent = Agent(tiny_experience_lm(seed=seed), max_new_tokens=12, temperature=0.5)
-    env = make_env(ENV)
-    try: demos = expert_trajectories(agent, env, data["train_tasks"][1:3], max_turns=2)
-    finally: env.close()
-    rl.sft(agent.lm.model, agent.lm.tokenizer, sft_examples(agent, demos), epochs=10, lr=2e-3, progress=False)
+    warm_start(agent, lambda: make_env(ENV), data["train_tasks"][1:3], "expert", epochs=10, lr=2e-3, max_turns=2, progress=False)
     return agent
 
 
