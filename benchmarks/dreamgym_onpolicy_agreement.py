@@ -9,9 +9,10 @@ policy after that notebook's warm start (SFT on random valid actions of 16 tasks
 plays the policy in the `SyntheticEnv` on the RL training tasks and replays each episode's actions in the real
 env. Prints per seed and pooled: synthetic and real success of the same action sequences, precision (share of
 synthetic successes that are real) and recall. The notebook reports the same table; this script varies the
-experience model's data without running the policy rows.
+experience model's data without running the policy rows; `--reward-gate` turns on `SyntheticEnv`'s reward gate
+(rewards for actions the real env does not list in that state are not paid).
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/dreamgym_onpolicy_agreement.py [--seeds 0 1 2] [--episodes 4] [--offline-tasks 32] [--em-epochs 8]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/dreamgym_onpolicy_agreement.py [--seeds 0 1 2] [--episodes 4] [--offline-tasks 32] [--em-epochs 8] [--reward-gate]
 """
 import argparse
 import torch
@@ -32,6 +33,7 @@ def main():
     ap.add_argument("--max-turns", type=int, default=5)
     ap.add_argument("--offline-tasks", type=int, default=32, help="training tasks whose gold/random/explore episodes train the experience model")
     ap.add_argument("--em-epochs", type=int, default=8)
+    ap.add_argument("--reward-gate", action="store_true", help="SyntheticEnv(gate_rewards=True)")
     a = ap.parse_args()
     torch.set_num_threads(1)
     pool, dev = list_tasks(ENV, "train", games=["coin"]), list_tasks(ENV, "dev", games=["coin"])
@@ -44,13 +46,14 @@ def main():
           f"next-state similarity {f['next_state_similarity']:.3f}, reward accuracy {f['reward_accuracy']:.3f}")
     pooled = {"both": 0, "synthetic_only": 0, "real_only": 0, "neither": 0}
     for seed in a.seeds:
-        r = warm_policy_agreement(em, ENV, train_tasks, sft_tasks, seed, max_turns=a.max_turns, episodes_per_task=a.episodes)
+        r = warm_policy_agreement(em, ENV, train_tasks, sft_tasks, seed, max_turns=a.max_turns, episodes_per_task=a.episodes,
+                                  reward_gate=a.reward_gate)
         for k in pooled: pooled[k] += r[k]
         print(f"seed {seed}: {r['n']} episodes; synthetic success {r['synthetic_success']:.3f}, real success of the same actions "
               f"{r['real_success']:.3f}; both {r['both']}, synthetic only {r['synthetic_only']}, real only {r['real_only']}, "
               f"neither {r['neither']}; precision {fmt(r['precision'])}, recall {fmt(r['recall'])}")
     p = agreement_stats(pooled)
-    print(f"pooled over {len(a.seeds)} seeds, {p['n']} episodes: synthetic success {fmt(p['synthetic_success'])}, "
+    print(f"reward gate {'on' if a.reward_gate else 'off'}; pooled over {len(a.seeds)} seeds, {p['n']} episodes: synthetic success {fmt(p['synthetic_success'])}, "
           f"real {fmt(p['real_success'])}, precision {fmt(p['precision'])}, recall {fmt(p['recall'])}, agreement {fmt(p['agreement'])}")
 
 
