@@ -105,10 +105,12 @@ def train_policy(mode: str, algo: str, agent: Agent, real_env_factory: Callable[
                  eval_tasks: list[Task], cfg: TaskRLConfig, em: ExperienceModel | None = None, env_name: str | None = None,
                  s2r_steps: int = 2, s2r_tasks: list[Task] | None = None, sft_tasks: list[Task] | None = None,
                  ppo: rl.PPOConfig | None = None, max_synthetic_steps: int | None = None, enrich: bool = False,
-                 abstract_obs: bool = True, progress: bool = True, curriculum=None, reward_gate: bool = False) -> dict:
+                 abstract_obs: bool = True, progress: bool = True, curriculum=None, reward_gate: bool = False,
+                 synthetic_lr: float | None = None) -> dict:
     """Train `agent` in `mode` with `algo`; returns the run results plus `real_interactions` (resets/steps per purpose).
     A `curriculum` (`labmod.curriculum.Curriculum`) adds generated task variations to the synthetic phase only
-    (the real env can only play its own tasks). `reward_gate` turns on `SyntheticEnv`'s reward gate."""
+    (the real env can only play its own tasks). `reward_gate` turns on `SyntheticEnv`'s reward gate; `synthetic_lr`
+    (default: `cfg.grpo.lr`) is the policy's learning rate in the synthetic phase (its rewards are noisier than real ones)."""
     if curriculum is not None and mode == "real": raise ValueError("a curriculum needs the synthetic env: use mode 'dreamgym' or 'dreamgym_s2r'")
     if mode not in MODES: raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if algo not in ALGOS: raise ValueError(f"algo must be one of {ALGOS}, got {algo!r}")
@@ -140,7 +142,8 @@ def train_policy(mode: str, algo: str, agent: Agent, real_env_factory: Callable[
         def synthetic():
             syn = SyntheticEnv(em, name, inits, max_steps=max_synthetic_steps or cfg.max_turns, enrich=enrich, gate_rewards=reward_gate)
             return TaskRoutedEnv(syn, real, real_ids)
-        phases.append(("synthetic", run_phase(synthetic, train_tasks, cfg, sft_tasks, curriculum)))
+        c1 = cfg if synthetic_lr is None else dataclasses.replace(cfg, grpo=dataclasses.replace(cfg.grpo, lr=synthetic_lr))
+        phases.append(("synthetic", run_phase(synthetic, train_tasks, c1, sft_tasks, curriculum)))
         if mode == "dreamgym_s2r" and s2r_steps > 0:
             c2 = dataclasses.replace(cfg, steps=s2r_steps, sft_epochs=0)
             phases.append(("s2r", run_phase(real, s2r_tasks or train_tasks, c2, None)))
@@ -352,7 +355,7 @@ def dreamgym_row(mode: str, algo: str, em: ExperienceModel | None, env_name: str
                  steps: int = 6, s2r_steps: int = 2, groups_per_step: int = 2, group_size: int = 8, lr: float = 5e-4,
                  max_turns: int = 5, sft_epochs: int = 4, sft_lr: float = 1e-3, sft_source: str = "random",
                  eval_samples: int = 2, temperature: float = 1.0, curriculum_lam: float | None = 0.25,
-                 reward_gate: bool = False, progress: bool = False) -> dict:
+                 reward_gate: bool = False, synthetic_lr: float | None = None, progress: bool = False) -> dict:
     """One row of a DreamGym table: a fresh policy (`model`, or `"tiny-em"` for the small tiny-recipe model) warm-started
     and trained in `mode` with `algo`; held-out success before / after, real training steps and resets, curriculum counts."""
     from labmod.curriculum import Curriculum, TaskVariationGenerator
@@ -365,7 +368,8 @@ def dreamgym_row(mode: str, algo: str, em: ExperienceModel | None, env_name: str
            if curriculum_lam and mode != "real" else None)
     t0 = time.perf_counter()
     res = train_policy(mode, algo, agent, lambda: make_env(env_name), train_tasks, eval_tasks, cfg, em=em, env_name=env_name,
-                       s2r_steps=s2r_steps, sft_tasks=sft_tasks, progress=progress, curriculum=cur, reward_gate=reward_gate)
+                       s2r_steps=s2r_steps, sft_tasks=sft_tasks, progress=progress, curriculum=cur, reward_gate=reward_gate,
+                       synthetic_lr=synthetic_lr)
     return {"seed": seed, "mode": mode, "algo": algo, "success_before": res["before"]["success"], "success": res["after"]["success"],
             "real_train_steps": res["real_train_steps"], "real_train_resets": res["real_interactions"].get("train_resets", 0),
             "wall_s": time.perf_counter() - t0, **({f"curriculum_{k}": v for k, v in cur.summary().items()} if cur else {})}
