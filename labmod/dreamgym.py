@@ -241,7 +241,7 @@ def replay_agreement(trajectories: Sequence, real_env_factory: Callable[[], Env]
 
 def agreement_stats(counts) -> dict:
     "From the counts `both`, `synthetic_only`, `real_only`, `neither`: n, both success rates, precision, recall, agreement."
-    c = {k: counts.get(k, 0) for k in ("both", "synthetic_only", "real_only", "neither")}
+    c = {k: int(counts.get(k, 0)) for k in ("both", "synthetic_only", "real_only", "neither")}   # plain ints: JSON-ready rates
     n = sum(c.values())
     syn, real = c["both"] + c["synthetic_only"], c["both"] + c["real_only"]
     return {"n": n, **c, "synthetic_success": syn / n if n else None, "real_success": real / n if n else None,
