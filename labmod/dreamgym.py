@@ -196,7 +196,7 @@ def multi_step_divergence(em: ExperienceModel, real_env_factory: Callable[[], En
                           env_name: str | None = None) -> dict:
     "Per-step similarity of real vs synthetic states along real action sequences, and the first divergence step."
     real = real_env_factory(); name = env_name or real.name
-    per_step, first_div, episodes = [], [], []
+    per_step, first_div, static_per_step, static_div, episodes = [], [], [], [], []
     try:
         for i, task in enumerate(tasks):
             obs = real.reset(task)
@@ -205,23 +205,33 @@ def multi_step_divergence(em: ExperienceModel, real_env_factory: Callable[[], En
             acts = list(action_sequences[i]) if action_sequences is not None else None
             syn = SyntheticEnv(em, name, inits, max_steps=max_steps + 1)
             syn.reset(task)
-            sims, div = [], None
+            sims, static = [], []
             for t in range(max_steps):
                 a = (acts[t] if t < len(acts) else None) if acts is not None else real.expert_action()
                 if a is None: break
                 rs, ss = real.step(a), syn.step(a)
-                s = state_similarity(abstract_state(name, rs.obs), ss.obs.text)
-                sims.append(s)
-                if div is None and s < threshold: div = t + 1
+                real_state = abstract_state(name, rs.obs)
+                sims.append(state_similarity(real_state, ss.obs.text))
+                static.append(state_similarity(real_state, inits[task.id]["state"]))
                 if rs.done: break
             if not sims: continue   # no action to replay (no expert here): nothing was compared
-            first_div.append(div if div is not None else len(sims) + 1)
-            per_step.append(sims); episodes.append({"task": task.id, "similarity": sims, "first_divergence": first_div[-1]})
+            per_step.append(sims); static_per_step.append(static)
+            first_div.append(_first_below(sims, threshold)); static_div.append(_first_below(static, threshold))
+            episodes.append({"task": task.id, "similarity": sims, "first_divergence": first_div[-1],
+                             "static_similarity": static, "static_first_divergence": static_div[-1]})
     finally: real.close()
+    mean = lambda xs: float(np.mean(xs)) if xs else None
+    return {"mean_similarity_by_step": _mean_by_step(per_step), "first_divergence_mean": mean(first_div), "first_divergence": first_div,
+            "static_similarity_by_step": _mean_by_step(static_per_step), "static_first_divergence_mean": mean(static_div),
+            "episodes": episodes}
+
+def _first_below(sims: Sequence[float], threshold: float) -> int:
+    "1-based index of the first similarity below `threshold`; an episode that never drops counts as its length + 1."
+    return next((t + 1 for t, s in enumerate(sims) if s < threshold), len(sims) + 1)
+
+def _mean_by_step(per_step: Sequence[Sequence[float]]) -> list[float]:
     L = max((len(s) for s in per_step), default=0)
-    mean_by_step = [float(np.mean([s[t] for s in per_step if len(s) > t])) for t in range(L)]
-    return {"mean_similarity_by_step": mean_by_step, "first_divergence_mean": float(np.mean(first_div)) if first_div else None,
-            "first_divergence": first_div, "episodes": episodes}
+    return [float(np.mean([s[t] for s in per_step if len(s) > t])) for t in range(L)]
 
 # %% ../nbs/44_dreamgym.ipynb #f8d62e81
 def replay_agreement(trajectories: Sequence, real_env_factory: Callable[[], Env], playable: Callable[[Task], bool] | None = None) -> dict:

@@ -174,6 +174,12 @@ def test_fidelity_on_held_out_real_transitions(data):
     d = multi_step_divergence(trained, lambda: make_env(ENV), data["held_tasks"][:1], max_steps=2)
     assert 1 <= len(d["mean_similarity_by_step"]) <= 2 and all(0 <= s <= 1 for s in d["mean_similarity_by_step"])
     assert 1 <= d["first_divergence"][0] <= 3
+    assert len(d["static_similarity_by_step"]) == len(d["mean_similarity_by_step"])
+    # the untrained model never parses (seeded) and a failed step keeps the state: it is exactly the no-change baseline
+    assert f0["em_ok"] == 0
+    d0 = multi_step_divergence(untrained, lambda: make_env(ENV), data["held_tasks"][:1], max_steps=2)
+    assert d0["mean_similarity_by_step"] == d0["static_similarity_by_step"] == d["static_similarity_by_step"]
+    assert d0["first_divergence_mean"] == d0["static_first_divergence_mean"]
     if not os.environ.get("LABMOD_JUDGE_MODEL"):
         assert "LABMOD_JUDGE_MODEL" in llm_judge(trained, data["held"][:1])["skipped"]
 
