@@ -921,6 +921,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                               'labmod.store.read_jsonl': ('store.html#read_jsonl', 'labmod/store.py')},
             'labmod.train': { 'labmod.train.TaskRLConfig': ('train.html#taskrlconfig', 'labmod/train.py'),
                               'labmod.train._record': ('train.html#_record', 'labmod/train.py'),
+                              'labmod.train.check_action_budget': ('train.html#check_action_budget', 'labmod/train.py'),
                               'labmod.train.demo_completion': ('train.html#demo_completion', 'labmod/train.py'),
                               'labmod.train.evaluate': ('train.html#evaluate', 'labmod/train.py'),
                               'labmod.train.expert_trajectories': ('train.html#expert_trajectories', 'labmod/train.py'),

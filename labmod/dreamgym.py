@@ -351,25 +351,28 @@ def fit_experience_model(offline: Sequence[Transition], held: Sequence[Transitio
     return em, rec
 
 # %% ../nbs/44_dreamgym.ipynb #688017ba
-def _fresh_policy(model: str, backend: str, seed: int, temperature: float) -> Agent:
-    """The policy a DreamGym row starts from: `model` (`"tiny-em"`: the small tiny-recipe model) seeded with `seed`."""
+def _fresh_policy(model: str, backend: str, seed: int, temperature: float, max_new_tokens: int = 16) -> Agent:
+    """The policy a DreamGym row starts from: `model` (`"tiny-em"`: the small tiny-recipe model) seeded with `seed`,
+    writing actions of at most `max_new_tokens` tokens."""
     import torch
     from labmod.models import load_lm
     from labmod.experience import tiny_experience_lm
     torch.manual_seed(seed)
     lm = tiny_experience_lm(seed=seed) if model == "tiny-em" else load_lm(model, backend=backend, seed=seed)
-    return Agent(lm, max_new_tokens=16, temperature=temperature, history_k=0)
+    return Agent(lm, max_new_tokens=max_new_tokens, temperature=temperature, history_k=0)
 
 def dreamgym_row(mode: str, algo: str, em: ExperienceModel | None, env_name: str, train_tasks: list[Task],
                  eval_tasks: list[Task], sft_tasks: list[Task], seed: int, model: str = "tiny", backend: str = "hf",
                  steps: int = 6, s2r_steps: int = 2, groups_per_step: int = 2, group_size: int = 8, lr: float = 5e-4,
                  max_turns: int = 5, sft_epochs: int = 4, sft_lr: float = 1e-3, sft_source: str = "random",
                  eval_samples: int = 2, temperature: float = 1.0, curriculum_lam: float | None = 0.25,
-                 reward_gate: bool = False, synthetic_lr: float | None = None, progress: bool = False) -> dict:
+                 reward_gate: bool = False, synthetic_lr: float | None = None, policy_max_new_tokens: int = 16,
+                 progress: bool = False) -> dict:
     """One row of a DreamGym table: a fresh policy (`model`, or `"tiny-em"` for the small tiny-recipe model) warm-started
-    and trained in `mode` with `algo`; held-out success before / after, real training steps and resets, curriculum counts."""
+    and trained in `mode` with `algo`; held-out success before / after, real training steps and resets, curriculum counts.
+    `policy_max_new_tokens` must fit the env's longest action (the warm start refuses demonstrations that do not fit)."""
     from labmod.curriculum import Curriculum, TaskVariationGenerator
-    agent = _fresh_policy(model, backend, seed, temperature)
+    agent = _fresh_policy(model, backend, seed, temperature, policy_max_new_tokens)
     cfg = TaskRLConfig(steps=steps, groups_per_step=groups_per_step, group_size=group_size, max_turns=max_turns, n_envs=8,
                        sft_epochs=sft_epochs, sft_lr=sft_lr, sft_source=sft_source, eval_every=0, eval_temperature=temperature,
                        eval_samples=eval_samples, dynamic_sampling=False,
@@ -387,10 +390,10 @@ def dreamgym_row(mode: str, algo: str, em: ExperienceModel | None, env_name: str
 def warm_policy_agreement(em: ExperienceModel, env_name: str, tasks: list[Task], sft_tasks: list[Task], seed: int,
                           model: str = "tiny", backend: str = "hf", max_turns: int = 5, sft_epochs: int = 4, sft_lr: float = 1e-3,
                           sft_source: str = "random", temperature: float = 1.0, episodes_per_task: int = 4,
-                          reward_gate: bool = False) -> dict:
+                          reward_gate: bool = False, policy_max_new_tokens: int = 16) -> dict:
     """`onpolicy_agreement` of the policy a `dreamgym_row` with the same arguments starts its training from (same model,
     seed and warm start): how often its synthetic successes on `tasks` are real ones."""
-    agent = _fresh_policy(model, backend, seed, temperature)
+    agent = _fresh_policy(model, backend, seed, temperature, policy_max_new_tokens)
     warm_start(agent, lambda: AbstractStateEnv(make_env(env_name), env_name), sft_tasks, sft_source, sft_epochs, sft_lr, max_turns,
                seed, progress=False)
     return {"seed": seed, **onpolicy_agreement(em, agent, lambda: make_env(env_name), tasks, episodes_per_task, max_turns,

@@ -15,7 +15,7 @@ from . import rl
 
 # %% auto #0
 __all__ = ['SFT_SOURCES', 'demo_completion', 'expert_trajectories', 'random_trajectories', 'sft_examples', 'warm_start',
-           'evaluate', 'snapshot_weights', 'restore_weights', 'TaskRLConfig', 'run_task_rl']
+           'check_action_budget', 'evaluate', 'snapshot_weights', 'restore_weights', 'TaskRLConfig', 'run_task_rl']
 
 # %% ../nbs/25_train.ipynb #8ace9e4c
 def demo_completion(action: str) -> str:
@@ -72,11 +72,23 @@ def warm_start(agent: Agent, env_factory: Callable[[], Env], tasks: list[Task], 
     try: demos = (random_trajectories(agent, env, tasks, max_turns, seed=seed) if source == "random"
                   else expert_trajectories(agent, env, tasks, max_turns))
     finally: env.close()
-    stats = rl.sft(agent.lm.model, agent.lm.tokenizer, sft_examples(agent, demos), epochs=epochs, lr=lr, seed=seed, progress=progress)
+    examples = sft_examples(agent, demos)
+    check_action_budget(agent, examples)
+    stats = rl.sft(agent.lm.model, agent.lm.tokenizer, examples, epochs=epochs, lr=lr, seed=seed, progress=progress)
     agent.lm.sync_weights()
     return stats
 
-# %% ../nbs/25_train.ipynb #142641a6
+def check_action_budget(agent: Agent, examples: list[tuple[list[int], list[int]]]) -> None:
+    "Raise if a (prompt, completion) example's completion is longer than `agent.max_new_tokens`: it could never be generated."
+    too_long = [c for _, c in examples if len(c) > agent.max_new_tokens]
+    if too_long:
+        longest = max(too_long, key=len)
+        raise ValueError(f"{len(too_long)} of {len(examples)} demonstration actions need more than the agent's "
+                         f"max_new_tokens={agent.max_new_tokens} tokens (longest {len(longest)}: "
+                         f"{agent.lm.tokenizer.decode(longest)!r}), so the policy could never emit them whole: "
+                         f"build the Agent with max_new_tokens >= {len(longest)}")
+
+# %% ../nbs/25_train.ipynb #6398c740
 def evaluate(engine: RolloutEngine, tasks: list[Task], temperature: float = 0.0, samples_per_task: int = 1) -> dict:
     "Success rate, mean return, invalid-format rate and mean turns over `samples_per_task` episodes per task."
     agent = engine.agent
@@ -90,7 +102,7 @@ def evaluate(engine: RolloutEngine, tasks: list[Task], temperature: float = 0.0,
             "invalid_format": sum(not tu.info.get("valid_format", True) for t in trajs for tu in t.turns) / max(n_turns, 1),
             "turns": n_turns / max(len(trajs), 1), "episodes": len(trajs)}
 
-# %% ../nbs/25_train.ipynb #81e3b26c
+# %% ../nbs/25_train.ipynb #2adbe545
 def snapshot_weights(lm) -> dict:
     "A detached copy of `lm.model`'s weights, for `restore_weights`."
     return {k: v.detach().clone() for k, v in lm.model.state_dict().items()}
@@ -99,7 +111,7 @@ def restore_weights(lm, snapshot: dict) -> None:
     "Load `snapshot` into `lm.model` and sync the sampler."
     lm.model.load_state_dict(snapshot); lm.sync_weights()
 
-# %% ../nbs/25_train.ipynb #c35d1413
+# %% ../nbs/25_train.ipynb #f9899433
 @dataclass
 class TaskRLConfig:
     "One RL run: rollout, warm start, GRPO and evaluation settings."
