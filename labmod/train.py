@@ -14,8 +14,8 @@ from .rollout import RolloutEngine, RolloutConfig, agent_state
 from . import rl
 
 # %% auto #0
-__all__ = ['SFT_SOURCES', 'demo_completion', 'expert_trajectories', 'random_trajectories', 'sft_examples', 'warm_start',
-           'check_action_budget', 'evaluate', 'snapshot_weights', 'restore_weights', 'TaskRLConfig', 'run_task_rl']
+__all__ = ['SFT_SOURCES', 'demo_completion', 'expert_trajectories', 'random_trajectories', 'sft_examples', 'check_action_budget',
+           'warm_start', 'evaluate', 'snapshot_weights', 'restore_weights', 'TaskRLConfig', 'run_task_rl']
 
 # %% ../nbs/25_train.ipynb #8ace9e4c
 def demo_completion(action: str) -> str:
@@ -56,10 +56,23 @@ def random_trajectories(agent: Agent, env: Env, tasks: list[Task], max_turns: in
     return _record(agent, env, tasks, max_turns, choose, "random")
 
 def sft_examples(agent: Agent, trajectories: list[Trajectory]) -> list[tuple[list[int], list[int]]]:
-    "(prompt ids, completion ids) per turn, tokenized as the rollout engine tokenizes prompts."
+    """(prompt ids, completion ids) per turn, tokenized as the rollout engine tokenizes prompts; refuses completions
+    the agent could not generate (`check_action_budget`)."""
     tok = agent.lm.tokenizer
-    return [(agent.lm.encode_prompt(t.prompt), tok(t.completion, add_special_tokens=False).input_ids)
-            for tr in trajectories for t in tr.turns]
+    examples = [(agent.lm.encode_prompt(t.prompt), tok(t.completion, add_special_tokens=False).input_ids)
+                for tr in trajectories for t in tr.turns]
+    check_action_budget(agent, examples)
+    return examples
+
+def check_action_budget(agent: Agent, examples: list[tuple[list[int], list[int]]]) -> None:
+    "Raise if a (prompt, completion) example's completion is longer than `agent.max_new_tokens`: it could never be generated."
+    too_long = [c for _, c in examples if len(c) > agent.max_new_tokens]
+    if too_long:
+        longest = max(too_long, key=len)
+        raise ValueError(f"{len(too_long)} of {len(examples)} demonstration actions need more than the agent's "
+                         f"max_new_tokens={agent.max_new_tokens} tokens (longest {len(longest)}: "
+                         f"{agent.lm.tokenizer.decode(longest)!r}), so the policy could never emit them whole: "
+                         f"build the Agent with max_new_tokens >= {len(longest)}")
 
 # %% ../nbs/25_train.ipynb #e62f0cf2
 SFT_SOURCES = ("expert", "random")
@@ -72,21 +85,9 @@ def warm_start(agent: Agent, env_factory: Callable[[], Env], tasks: list[Task], 
     try: demos = (random_trajectories(agent, env, tasks, max_turns, seed=seed) if source == "random"
                   else expert_trajectories(agent, env, tasks, max_turns))
     finally: env.close()
-    examples = sft_examples(agent, demos)
-    check_action_budget(agent, examples)
-    stats = rl.sft(agent.lm.model, agent.lm.tokenizer, examples, epochs=epochs, lr=lr, seed=seed, progress=progress)
+    stats = rl.sft(agent.lm.model, agent.lm.tokenizer, sft_examples(agent, demos), epochs=epochs, lr=lr, seed=seed, progress=progress)
     agent.lm.sync_weights()
     return stats
-
-def check_action_budget(agent: Agent, examples: list[tuple[list[int], list[int]]]) -> None:
-    "Raise if a (prompt, completion) example's completion is longer than `agent.max_new_tokens`: it could never be generated."
-    too_long = [c for _, c in examples if len(c) > agent.max_new_tokens]
-    if too_long:
-        longest = max(too_long, key=len)
-        raise ValueError(f"{len(too_long)} of {len(examples)} demonstration actions need more than the agent's "
-                         f"max_new_tokens={agent.max_new_tokens} tokens (longest {len(longest)}: "
-                         f"{agent.lm.tokenizer.decode(longest)!r}), so the policy could never emit them whole: "
-                         f"build the Agent with max_new_tokens >= {len(longest)}")
 
 # %% ../nbs/25_train.ipynb #6398c740
 def evaluate(engine: RolloutEngine, tasks: list[Task], temperature: float = 0.0, samples_per_task: int = 1) -> dict:

@@ -16,7 +16,7 @@ from .rubric import bind_task, difficulty_bin, rubric_difficulty
 from .rubric_eval import evaluate_rubric, task_only_judge, _click_link
 from .web_env import RubricRewardEnv, RepetitionPenaltyEnv, step_budget
 from .websites import link_path, site_host, url_path
-from .train import demo_completion, sft_examples, evaluate, check_action_budget
+from .train import demo_completion, sft_examples, evaluate
 from . import rl
 
 # %% auto #0
@@ -366,9 +366,7 @@ def webgym_warm_start(agent: Agent, sites: dict[str, str], sft_tasks: list[Task]
     demos = sft_demos(agent, sites, sft_tasks, cfg)
     if cfg.sft_turns == "click":
         for d in demos: d.turns = [t for t in d.turns if t.action.startswith("click(")]
-    examples = sft_examples(agent, demos)
-    check_action_budget(agent, examples)
-    stats = rl.sft(agent.lm.model, agent.lm.tokenizer, examples, epochs=cfg.sft_epochs, lr=cfg.sft_lr,
+    stats = rl.sft(agent.lm.model, agent.lm.tokenizer, sft_examples(agent, demos), epochs=cfg.sft_epochs, lr=cfg.sft_lr,
                    batch_size=cfg.sft_batch_size, seed=seed, progress=progress)
     agent.lm.sync_weights()
     return stats
