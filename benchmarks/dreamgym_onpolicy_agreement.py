@@ -1,6 +1,6 @@
 """How often is a policy's synthetic success a real one? (a fidelity measurement, not a timing)
 
-DreamGym trains the policy on rewards the experience model predicts. `labmod.dreamgym.fidelity` measures those
+DreamGym trains the policy on rewards the experience model predicts. `labmod.dreamgym.train.fidelity` measures those
 predictions on held-out transitions of gold and random policies; this script measures them where training
 uses them, on the policy's own episodes: the experience model of `nbs/experiments/dreamgym_table1.ipynb`
 (its CPU defaults: TWX *coin*, 32 offline tasks x gold/random/explore, 8 epochs, w/o reasoning, k=1 retrieval,
@@ -17,8 +17,8 @@ experience model's data without running the policy rows; `--reward-gate` turns o
 import argparse
 import torch
 from labmod.envs.core import list_tasks
-from labmod.experience_data import RuleTeacher, annotate, collect_offline_transitions
-from labmod.dreamgym import agreement_stats, fit_experience_model, warm_policy_agreement
+from labmod.dreamgym.data import RuleTeacher, annotate, collect_offline_transitions
+from labmod.dreamgym.train import agreement_stats, fit_experience_model, warm_policy_agreement
 
 ENV = "textworld_express"
 

@@ -1,6 +1,6 @@
 """Explorer throughput vs the env's raw step rate.
 
-explorer   : `labmod.explore.explore` with `RandomExplorer` in a warm `EnvPool` of n workers (JVM start not
+explorer   : `labmod.s2s.explore.explore` with `RandomExplorer` in a warm `EnvPool` of n workers (JVM start not
              counted): env steps per second of wall time.
 raw        : the same episodes (same tasks, same actions) driven by a bare loop in one process, one env:
              reset, then `valid_actions()` + `step(action)` per step -- the least any valid-action explorer must
@@ -18,7 +18,7 @@ Usage: .venv/bin/python benchmarks/explorer_throughput.py [--envs textworld_expr
 from __future__ import annotations
 import argparse, os, time
 from labmod.envs.core import list_tasks, make_env
-from labmod.explore import RandomExplorer, exploration_env_kwargs, explore, open_exploration_pool
+from labmod.s2s.explore import RandomExplorer, exploration_env_kwargs, explore, open_exploration_pool
 
 SETUPS = {  # tasks, steps per episode
     "textworld_express": (lambda: list_tasks("textworld_express", games=["cookingworld", "twc", "coin"], n_per_game=4), 150),

@@ -29,7 +29,10 @@ def main():
 
     import trl
     from datasets import Dataset
-    from labmod.rl import GRPOConfig, PolicyTrainer, Sample, tiny_causal_lm
+    from labmod.rl.losses import GRPOConfig
+    from labmod.rl.trainer import PolicyTrainer
+    from labmod.rl.samples import Sample
+    from labmod.models import tiny_causal_lm
 
     model, tok = tiny_causal_lm(seed=0, hidden=a.hidden, layers=a.layers)
     tmp = Path(tempfile.mkdtemp())

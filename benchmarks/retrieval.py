@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from labmod.replay import ReplayBuffer, Transition, get_encoder, transition_key
+from labmod.dreamgym.replay import ReplayBuffer, Transition, get_encoder, transition_key
 
 
 def random_unit(n: int, dim: int, rng: np.random.Generator) -> np.ndarray:

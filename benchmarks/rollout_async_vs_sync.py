@@ -15,7 +15,7 @@ from labmod.agent import Agent
 from labmod.envs.core import RoutingEnv, list_tasks
 from labmod.models import load_lm
 from labmod.rollout import RolloutEngine, RolloutConfig
-from labmod.train import expert_trajectories, sft_examples
+from labmod.rl.run import expert_trajectories, sft_examples
 from labmod import rl
 
 def main():

@@ -20,12 +20,12 @@ import argparse
 import torch
 from labmod.agent import Agent
 from labmod.envs.core import list_tasks, make_env
-from labmod.experience import ExperienceModel, SyntheticEnv, cache_initial_states, tiny_experience_lm, train_experience_model
-from labmod.experience_data import collect_offline_transitions
-from labmod.dreamgym import env_steps_per_s
-from labmod.replay import ReplayBuffer, get_encoder
+from labmod.dreamgym.experience import ExperienceModel, SyntheticEnv, cache_initial_states, tiny_experience_lm, train_experience_model
+from labmod.dreamgym.data import collect_offline_transitions
+from labmod.dreamgym.train import env_steps_per_s
+from labmod.dreamgym.replay import ReplayBuffer, get_encoder
 from labmod.rollout import RolloutConfig, RolloutEngine
-from labmod.train import expert_trajectories, sft_examples
+from labmod.rl.run import expert_trajectories, sft_examples
 from labmod import rl
 
 TASK_KW = {"textworld_express": {"games": ["coin"]}, "scienceworld": {"tasks": ["find-living-thing"]}}

@@ -14,10 +14,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch
 from labmod.agent import Agent
 from labmod.models import load_lm
-from labmod.rubric import generate_tasks
-from labmod.websites import DEFAULT_SITES, installed_sites, serve_sites
-from labmod.train import sft_examples
-from labmod.webgym import WebGymConfig, sft_demos, rollout_throughput
+from labmod.webgym.rubric import generate_tasks
+from labmod.webgym.websites import DEFAULT_SITES, installed_sites, serve_sites
+from labmod.rl.run import sft_examples
+from labmod.webgym.train import WebGymConfig, sft_demos, rollout_throughput
 from labmod import rl
 
 def main():

@@ -9,13 +9,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from .config import settings
+from .lab.settings import settings
 
 # %% auto #0
 __all__ = ['END_TOKEN', 'PAD_TOKEN', 'ROLE_TOKENS', 'PLAIN_CHAT_TEMPLATE', 'TINY_CONFIG', 'TINY_FORMAT_VERSION', 'SMOLLM2_GGUF',
            'BACKENDS', 'Generation', 'BackendUnavailable', 'render_plain', 'LM', 'sample_tokens',
            'avoid_cudnn_attention', 'HFLM', 'build_tiny_model', 'tiny_corpus', 'smollm2_path', 'UnslothLM', 'VLLMLM',
-           'OpenAILM', 'resolve_model_path', 'load_lm']
+           'OpenAILM', 'resolve_model_path', 'load_lm', 'tiny_causal_lm']
 
 # %% ../nbs/20_models.ipynb #ad7f06e9
 @dataclass
@@ -511,3 +511,15 @@ def load_lm(name: str = "tiny", backend: str = "hf", device: str | None = None, 
                                      "'smollm2-135m' or a local model folder") from None
         raise
     return lm
+
+# %% ../nbs/20_models.ipynb #354c6cea
+_DEMO_CORPUS = [f"{w} {i} {w.upper()} {i*7%13}" for i, w in enumerate(
+    "the quick brown fox jumps over a lazy dog look open go take put north south east west answer yes no".split() * 40)]
+
+def tiny_causal_lm(tokenizer=None, seed: int = 0, hidden: int = 256, layers: int = 4):
+    "A fresh (model, tokenizer) of the lab's tiny Qwen2 (`labmod.models.build_tiny_model`) on a small fixed corpus, for tests and demos."
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    path = build_tiny_model(_DEMO_CORPUS, seed=seed, hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    return model, tokenizer or AutoTokenizer.from_pretrained(path)

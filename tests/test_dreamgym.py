@@ -5,14 +5,14 @@ import torch
 
 from labmod.agent import Agent
 from labmod.envs.core import list_tasks, make_env
-from labmod.experience import (EMQuery, ExperienceModel, SyntheticEnv, cache_initial_states, tiny_experience_lm,
+from labmod.dreamgym.experience import (EMQuery, ExperienceModel, SyntheticEnv, cache_initial_states, tiny_experience_lm,
                                train_experience_model)
-from labmod.experience_data import RuleTeacher, annotate, collect_offline_transitions
-from labmod.dreamgym import (AbstractStateEnv, CountingEnv, InteractionCounter, fidelity, llm_judge, multi_step_divergence,
+from labmod.dreamgym.data import RuleTeacher, annotate, collect_offline_transitions
+from labmod.dreamgym.train import (AbstractStateEnv, CountingEnv, InteractionCounter, fidelity, llm_judge, multi_step_divergence,
                              onpolicy_agreement, train_policy)
-from labmod.replay import ReplayBuffer, get_encoder
+from labmod.dreamgym.replay import ReplayBuffer, get_encoder
 from labmod.rollout import RolloutConfig, RolloutEngine
-from labmod.train import TaskRLConfig, warm_start
+from labmod.rl.run import TaskRLConfig, warm_start
 from labmod import rl
 
 ENV = "textworld_express"
@@ -133,7 +133,7 @@ class _VariationWriter:
 
 
 def test_curriculum_variations_train_in_the_synthetic_env_only(data):
-    from labmod.curriculum import Curriculum, TaskVariationGenerator
+    from labmod.dreamgym.curriculum import Curriculum, TaskVariationGenerator
     em = ExperienceModel(tiny_experience_lm(), data["buf"], k=1, with_reasoning=False, with_history=False, max_new_tokens=16, retries=0)
     agent = _warm_policy(data, seed=3)
     cfg = TaskRLConfig(steps=2, groups_per_step=2, group_size=2, max_turns=2, n_envs=2, dynamic_sampling=False, eval_every=0,

@@ -6,10 +6,10 @@ from hypothesis import given, settings, strategies as st, HealthCheck
 
 from labmod.core import Observation, Task, Trajectory, Turn
 from labmod.envs.core import list_tasks, make_env
-from labmod.replay import ReplayBuffer, Transition, get_encoder
-from labmod.experience_data import (LLMStateMapper, LLMTeacher, RuleTeacher, abstract_state, annotate, collect_offline_transitions, em_sft_examples,
+from labmod.dreamgym.replay import ReplayBuffer, Transition, get_encoder
+from labmod.dreamgym.data import (LLMStateMapper, LLMTeacher, RuleTeacher, abstract_state, annotate, collect_offline_transitions, em_sft_examples,
                                     em_target_spans, format_em_target, parse_em_output, run_policy_episode)
-from labmod.curriculum import (TaskVariationGenerator, group_reward_variance, mix_tasks, parse_variations,
+from labmod.dreamgym.curriculum import (TaskVariationGenerator, group_reward_variance, mix_tasks, parse_variations,
                                select_seed_tasks)
 
 

@@ -9,7 +9,7 @@ NOTEBOOKS = sorted((ROOT / "nbs" / "experiments").glob("*.ipynb"))
 @pytest.mark.parametrize("nb", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_experiment_quick(nb, tmp_path):
     env = {**os.environ, "LABMOD_RUNS_DIR": str(tmp_path / "runs"), "LABMOD_REPORTS_DIR": str(tmp_path / "reports"), "OMP_NUM_THREADS": "1"}
-    r = subprocess.run([sys.executable, "-m", "labmod.cli", "run", str(nb), "-p", "quick", "true", "--name", "quick"],
+    r = subprocess.run([sys.executable, "-m", "labmod.lab.cli", "run", str(nb), "-p", "quick", "true", "--name", "quick"],
                        capture_output=True, text=True, env=env, timeout=600)
     meta = json.loads((tmp_path / "reports" / nb.stem / "quick.json").read_text())
     assert r.returncode == 0 and meta["status"] == "ok", meta.get("error") or r.stderr[-3000:]

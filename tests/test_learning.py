@@ -10,7 +10,7 @@ even with a fixed seed: the margin is set against the spread measured over seeds
 from labmod.agent import Agent
 from labmod.envs.core import list_tasks, make_env
 from labmod.models import load_lm
-from labmod.train import TaskRLConfig, run_task_rl
+from labmod.rl.run import TaskRLConfig, run_task_rl
 from labmod import rl
 
 

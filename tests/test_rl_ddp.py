@@ -13,7 +13,7 @@ UPDATES = 3
 
 def rank_samples(rank: int):
     "Different data on each rank: sequences of different lengths, advantages of both signs."
-    from labmod.rl import Sample
+    from labmod.rl.samples import Sample
     g = torch.Generator().manual_seed(100 + rank)
     out = []
     for i in range(4):
@@ -24,7 +24,9 @@ def rank_samples(rank: int):
 
 
 def make_trainer(accelerator=None):
-    from labmod.rl import GRPOConfig, PolicyTrainer, seed_everything, tiny_causal_lm
+    from labmod.rl.losses import GRPOConfig
+    from labmod.rl.trainer import PolicyTrainer, seed_everything
+    from labmod.models import tiny_causal_lm
     seed_everything(0)
     model, tok = tiny_causal_lm(seed=0)
     return PolicyTrainer(model, tok, GRPOConfig(lr=1e-3, loss_type="dapo", micro_batch_size=2), accelerator=accelerator)

@@ -13,8 +13,11 @@ STEPS = 8
 
 def train(run_dir: str, steps: int, lora: bool = False):
     from labmod.core import Task
-    from labmod.rl import GRPOConfig, PolicyTrainer, seed_everything, target_token_collect, tiny_causal_lm, train_loop
-    from labmod.store import RunStore
+    from labmod.rl.losses import GRPOConfig
+    from labmod.rl.trainer import PolicyTrainer, seed_everything
+    from labmod.rl.run import target_token_collect, train_loop
+    from labmod.models import tiny_causal_lm
+    from labmod.lab.store import RunStore
     torch.set_num_threads(1)   # same thread count in every process: CPU kernels then give identical bits
     seed_everything(0)
     model, tok = tiny_causal_lm(seed=0)
@@ -60,7 +63,7 @@ def test_sigkill_and_resume_matches_uninterrupted(tmp_path):
     out, _ = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, out.decode()[-3000:]
 
-    from labmod.store import RunStore
+    from labmod.lab.store import RunStore
     m = RunStore(tmp_path / "full").metrics()
     assert [r["step"] for r in m] == list(range(1, STEPS + 1)) and all("frac_filtered" in r and "kl" not in r for r in m)
     assert all(r["gen_batches"] >= 1 and (r.get("skipped_update") or r["tokens_per_s"] > 0) for r in m)
@@ -69,14 +72,17 @@ def test_sigkill_and_resume_matches_uninterrupted(tmp_path):
     assert a.keys() == b.keys()
     for k in a: assert torch.equal(a[k], b[k]), k
     # and training changed the weights at all
-    from labmod.rl import tiny_causal_lm
+    from labmod.models import tiny_causal_lm
     init = tiny_causal_lm(seed=0)[0].state_dict()
     assert any(not torch.equal(a[k], init[k]) for k in a if k in init)
 
 
 def test_lora_checkpoint_round_trip(tmp_path):
     "A PEFT model checkpoints its adapters only, and a fresh trainer continues identically."
-    from labmod.rl import GRPOConfig, PolicyTrainer, Sample, seed_everything, tiny_causal_lm
+    from labmod.rl.losses import GRPOConfig
+    from labmod.rl.trainer import PolicyTrainer, seed_everything
+    from labmod.rl.samples import Sample
+    from labmod.models import tiny_causal_lm
     from peft import LoraConfig, get_peft_model
     samples = [Sample([5, 6, 7, 8], [0, 0, 1, 1], [0.0] * 4, 1.0), Sample([5, 6, 9], [0, 0, 1], [0.0] * 3, -1.0)]
     def make():

@@ -11,7 +11,9 @@ import copy
 import pytest
 import torch
 
-from labmod.rl import GRPOConfig, Sample, collate, grpo_loss, tiny_causal_lm, token_logprobs
+from labmod.rl.losses import GRPOConfig, collate, grpo_loss, token_logprobs
+from labmod.rl.samples import Sample
+from labmod.models import tiny_causal_lm
 
 trl = pytest.importorskip("trl")
 from datasets import Dataset  # noqa: E402

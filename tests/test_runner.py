@@ -3,7 +3,7 @@ import json, subprocess, sys
 from pathlib import Path
 import nbformat, pytest
 
-LABMOD = [sys.executable, "-m", "labmod.cli"]
+LABMOD = [sys.executable, "-m", "labmod.lab.cli"]
 
 def make_notebook(path: Path, body: str):
     nb = nbformat.v4.new_notebook()
@@ -13,7 +13,7 @@ def make_notebook(path: Path, body: str):
     nbformat.write(nb, path); return path
 
 BODY = """
-from labmod.experiment import start_run
+from labmod.lab.experiment import start_run
 import random
 run = start_run("tiny", dict(seed=seed, scale=scale))
 rng = random.Random(seed)
@@ -41,7 +41,7 @@ def test_run_writes_run_dir_and_report(env):
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 5
     html = (env / "reports" / "tiny" / "r1.html").read_text()
     assert "status-ok" in html and "&quot;seed&quot;: 2" in html and "machine" in html and "commit" in html
-    assert "from labmod.experiment import start_run" not in html  # inputs hidden
+    assert "from labmod.lab.experiment import start_run" not in html  # inputs hidden
     assert 'href="tiny/r1.html"' in (env / "reports" / "index.html").read_text()
     assert "report: " in r.stdout
 

@@ -3,11 +3,11 @@ import json
 import shutil
 import pytest
 from labmod.envs.core import list_tasks, make_env
-from labmod.explore import (ExplorationStep, ExplorationTrajectory, RandomExplorer, exploration_env_kwargs, explore,
+from labmod.s2s.explore import (ExplorationStep, ExplorationTrajectory, RandomExplorer, exploration_env_kwargs, explore,
                             open_exploration_pool)
-from labmod.s2s_tasks import (ENV_BLACKLISTS, Candidate, S2SBuildConfig, build_s2s_dataset, collect_candidates,
+from labmod.s2s.tasks import (ENV_BLACKLISTS, Candidate, S2SBuildConfig, build_s2s_dataset, collect_candidates,
                               dedupe_candidates, reject_reason, source_task, tasks_from_hf)
-from labmod.verify import FuzzyStateMatcher, StateReachingEnv
+from labmod.s2s.verify import FuzzyStateMatcher, StateReachingEnv
 
 STEPS = 60
 

@@ -1,11 +1,11 @@
 "The run store survives a writer killed with SIGKILL mid-stream: every complete record reads back, the file stays appendable."
 import os, signal, subprocess, sys, textwrap, time
 from pathlib import Path
-from labmod.store import RunStore, read_jsonl
+from labmod.lab.store import RunStore, read_jsonl
 
 WRITER = textwrap.dedent("""
     import sys
-    from labmod.store import RunStore
+    from labmod.lab.store import RunStore
     st = RunStore(sys.argv[1])
     i = 0
     while True:

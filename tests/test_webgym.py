@@ -9,13 +9,13 @@ import pytest
 from labmod.core import Task
 from labmod.envs.core import MissingDependency, EnvError
 from labmod.envs.browser import BrowserEnv
-from labmod.websites import (SITES, DEFAULT_SITES, SiteSpec, installed_sites, serve_sites, site_spec, page_url, parse_html,
+from labmod.webgym.websites import (SITES, DEFAULT_SITES, SiteSpec, installed_sites, serve_sites, site_spec, page_url, parse_html,
                              load_webgym_tasks, read_page)
-from labmod.rubric import (generate_tasks, website_split, dataset_stats, decompose, can_decompose, make_task, rubric_facts,
+from labmod.webgym.rubric import (generate_tasks, website_split, dataset_stats, decompose, can_decompose, make_task, rubric_facts,
                            compact, page_facts, to_hf_dataset, difficulty_bin)
-from labmod.rubric_eval import (labelled_trajectories, evaluate_rubric, evaluate_evaluator, evaluator_table, browse_pages,
+from labmod.webgym.evaluator import (labelled_trajectories, evaluate_rubric, evaluate_evaluator, evaluator_table, browse_pages,
                                 trajectory_views)
-from labmod.web_env import make_web_task_env, step_budget
+from labmod.webgym.env import make_web_task_env, step_budget
 
 NAMES = installed_sites(DEFAULT_SITES)
 pytestmark = pytest.mark.skipif(len(NAMES) < 3, reason="needs 3 of the Debian packages: apt-get install -y "
@@ -83,7 +83,7 @@ def test_every_fact_evidence_is_on_its_served_page(tasks, sites):
 def test_decomposition_rules(tasks):
     decomposable = [t for t in tasks if can_decompose(t)]
     if not decomposable:       # build one from real page facts
-        from labmod.rubric import site_fact_pages
+        from labmod.webgym.rubric import site_fact_pages
         (p1, f1), (p2, f2) = [(p, fs) for p, fs in site_fact_pages(NAMES[0], max_pages=25) if len(fs) >= 3][:2]
         decomposable = [make_task(NAMES[0], [{"name": p1.title, "page": p1.path, "facts": f1[:3]},
                                              {"name": p2.title, "page": p2.path, "facts": f2[:1]}])]

@@ -7,14 +7,14 @@ Run: .venv/bin/pytest tests/test_webgym_train.py -s"""
 import os, signal, threading, time
 import pytest
 import torch
-from labmod.websites import DEFAULT_SITES, SITES, installed_sites, serve_sites
-from labmod.rubric import generate_tasks
-from labmod.rubric_eval import evaluate_rubric
+from labmod.webgym.websites import DEFAULT_SITES, SITES, installed_sites, serve_sites
+from labmod.webgym.rubric import generate_tasks
+from labmod.webgym.evaluator import evaluate_rubric
 from labmod.agent import Agent
 from labmod.models import load_lm
 from labmod.rollout import RolloutConfig
 from labmod import rl
-from labmod.webgym import (EvalQueue, WebRolloutEngine, WebTaskEnv, web_env_factory, browser_pool, web_expert_trajectories,
+from labmod.webgym.train import (EvalQueue, WebRolloutEngine, WebTaskEnv, web_env_factory, browser_pool, web_expert_trajectories,
                            tokenize_demos, train_webgym, WebGymConfig, webgym_samples)
 
 NAMES = installed_sites(DEFAULT_SITES)[:2]

@@ -109,7 +109,7 @@ def lab_split(split: str) -> str:
 
 def official_data_dir() -> Path | None:
     "The official ALFWorld data folder, if settings' `alfworld_data` or `$ALFWORLD_DATA` names one holding json_2.1.1."
-    from labmod.config import settings
+    from labmod.lab.settings import settings
     for candidate in (settings().alfworld_data, os.environ.get("ALFWORLD_DATA")):
         if candidate and (Path(candidate).expanduser() / "json_2.1.1").is_dir():
             return Path(candidate).expanduser()

@@ -329,7 +329,7 @@ def solve(game_file: Path | str, env=None, max_steps: int = 60) -> list[str] | N
 # %% ../../nbs/12_alfworld_games.ipynb #87c5d2c0
 def default_root() -> Path:
     "Where the lab keeps its generated ALFWorld games: `settings().data_dir / 'alfworld'`."
-    from labmod.config import settings
+    from labmod.lab.settings import settings
     return settings().data_dir / "alfworld"
 
 def write_game(root: Path, split: str, spec: TaskSpec, room: Room, trial: str, seed: int) -> Path:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast, concurrent.futures, functools, http.server, importlib.util, json, re, threading, time
 from pathlib import Path
 from urllib.parse import urlsplit
-from ..config import settings
+from ..lab.settings import settings
 from ..core import Task, Observation, Step
 from .core import Env, EnvError, MissingDependency, normalize_text, register_env
 

@@ -108,7 +108,7 @@ def normalize_scienceworld(text: str) -> str:
 SPLITS = ("train", "dev", "test")
 
 def _splits_cache_path() -> Path:
-    from labmod.config import settings
+    from labmod.lab.settings import settings
     from scienceworld.version import __version__
     return Path(settings().cache_dir) / f"scienceworld-{__version__}-splits.json"
 
