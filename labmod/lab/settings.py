@@ -36,7 +36,7 @@ def find_settings_file(start: Path | None = None) -> Path:
         return p
     here = (start or Path.cwd()).resolve()
     candidates = [d / "settings.ini" for d in (here, *here.parents)]
-    candidates.append(Path(importlib.util.find_spec("labmod.lab.settings").origin).resolve().parent.parent / "settings.ini")
+    candidates.append(Path(importlib.util.find_spec("labmod").origin).resolve().parent.parent / "settings.ini")   # the checkout holding the package
     for p in candidates:
         if p.is_file() and f"[{SECTION}]" in p.read_text():
             return p
