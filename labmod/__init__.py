@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = []
 
-# %% ../nbs/99_labmod.ipynb #879d4a0d
+# %% ../nbs/99_labmod.ipynb #3c1bc0b8
 from .core import lazy_exports
 
 _NAMES = {

@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = []
 
-# %% ../../nbs/59_dreamgym.ipynb #abc17bb1
+# %% ../../nbs/59_dreamgym.ipynb #f4fd6bc2
 from ..core import lazy_exports
 
 _NAMES = {

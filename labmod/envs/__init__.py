@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = []
 
-# %% ../../nbs/19_envs.ipynb #27afa1f1
+# %% ../../nbs/19_envs.ipynb #c61799ad
 from ..core import lazy_exports
 
 _NAMES = {

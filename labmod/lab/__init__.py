@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = []
 
-# %% ../../nbs/94_lab.ipynb #9b711db4
+# %% ../../nbs/94_lab.ipynb #882d9bda
 from ..core import lazy_exports
 
 _NAMES = {

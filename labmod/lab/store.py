@@ -91,3 +91,18 @@ def flatten_trajectory(d: dict) -> dict:
             "success": any(t["info"].get("success") for t in turns),
             "actions": [t["action"] or "" for t in turns],
             "task": json.dumps(d["task"]), "turns": json.dumps(turns), "metadata": json.dumps(d.get("metadata", {}))}
+
+# %% ../../nbs/02_store.ipynb #a7c6d4a3
+def _truncate(self, kind: str, keep) -> int:
+    "Keep only the records of `kind` that `keep(record)` accepts (atomic rewrite); returns how many were dropped."
+    path = self.path(kind)
+    if not path.exists(): return 0
+    rows = list(read_jsonl(path))
+    kept = [r for r in rows if keep(r)]
+    if len(kept) == len(rows): return 0
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept).encode()); f.flush(); os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return len(rows) - len(kept)
+RunStore.truncate = _truncate

@@ -5,14 +5,14 @@
 # %% auto #0
 __all__ = []
 
-# %% ../../nbs/39_rl.ipynb #0162657a
+# %% ../../nbs/39_rl.ipynb #07c74270
 from ..core import lazy_exports
 
 _NAMES = {
-    **dict.fromkeys(['GRPOConfig', 'PPOConfig'], 'labmod.rl.losses'),
-    **dict.fromkeys(['Sample', 'samples_from_groups', 'reinforce_samples'], 'labmod.rl.samples'),
+    **dict.fromkeys(['GRPOConfig', 'ReinforceConfig', 'PPOConfig', 'WarmStart', 'RunConfig'], 'labmod.rl.config'),
+    **dict.fromkeys(['Sample', 'samples_from_groups', 'reinforce_samples', 'trainable'], 'labmod.rl.samples'),
     **dict.fromkeys(['PolicyTrainer', 'PPOTrainer', 'sft', 'seed_everything'], 'labmod.rl.trainer'),
-    **dict.fromkeys(['train_loop', 'TaskRLConfig', 'run_task_rl', 'warm_start', 'evaluate'], 'labmod.rl.run'),
+    **dict.fromkeys(['train', 'RunTasks', 'RunHooks', 'train_loop', 'warm_start', 'demonstrations', 'evaluate'], 'labmod.rl.run'),
 }
 __all__ = list(_NAMES)
 __getattr__, __dir__ = lazy_exports(__name__, _NAMES)

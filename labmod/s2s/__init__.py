@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = []
 
-# %% ../../nbs/49_s2s.ipynb #5232eaad
+# %% ../../nbs/49_s2s.ipynb #d501bb72
 from ..core import lazy_exports
 
 _NAMES = {

@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = []
 
-# %% ../../nbs/69_webgym.ipynb #152fe377
+# %% ../../nbs/69_webgym.ipynb #f89a9fc0
 from ..core import lazy_exports
 
 _NAMES = {
