@@ -53,8 +53,67 @@ test: setup
 	OMP_NUM_THREADS=1 $(VENV)/bin/nbdev-test --n-workers 2 --timing
 	OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q -n 2 --durations=15 tests
 
+# JupyterLab on nbs/ with the lab's .venv kernel: as root (the lab machines) it adds --allow-root; binds 127.0.0.1
+# unless LAB_IP says otherwise; prints the URL with its token once the server answers.
+#   make lab                                  # http://127.0.0.1:8888, a fresh random token
+#   make lab LAB_PORT=8890 LAB_TOKEN=secret   # pick the port / token
+#   make lab LAB_IP=0.0.0.0                   # listen on every interface
+# The notebooks declare the kernelspec "python3", which jupyter_client runs as the server's own interpreter: the server
+# is started as $(PY) -m jupyterlab, and JUPYTER_PREFER_ENV_PATH=1 keeps the venv's spec ahead of a user's own; the
+# check below refuses to start if anything still maps a declared kernel elsewhere. The token travels in $JUPYTER_TOKEN
+# (never on a command line, so `ps` does not show it).
+LAB_IP    ?= 127.0.0.1
+LAB_PORT  ?= 8888
+LAB_TOKEN ?=
+LAB_ARGS  ?=
+
+# Every kernelspec name declared by nbs/**/*.ipynb must start $(PY) (exit 1 and say why otherwise).
+define LAB_KERNEL_CHECK
+import json, os, sys, pathlib
+from jupyter_client.kernelspec import NoSuchKernel
+from jupyter_client.manager import KernelManager
+names = sorted({json.loads(p.read_text()).get("metadata", {}).get("kernelspec", {}).get("name") or "python3"
+                for p in pathlib.Path("nbs").rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts})
+bad = []
+for name in names:
+    try: km = KernelManager(kernel_name=name); exe = km.format_kernel_cmd()[0]
+    except NoSuchKernel: bad.append(f"no kernelspec {name!r}: {sys.executable} -m ipykernel install --sys-prefix --name {name}"); continue
+    if os.path.abspath(exe) != os.path.abspath(sys.executable):
+        bad.append(f"kernelspec {name!r} ({km.kernel_spec.resource_dir}) runs {exe}, not {sys.executable}")
+    else: print(f"lab: kernel {name!r} -> {exe}  (spec {km.kernel_spec.resource_dir})")
+if bad: sys.exit("lab: the notebooks' kernels would not run the lab's venv:\n  " + "\n  ".join(bad))
+endef
+export LAB_KERNEL_CHECK
+
+# Waits (in the background) until the server answers, then prints the URL with its token; gives up quietly if the
+# server exits (e.g. port taken: jupyter then says so itself, as --ServerApp.port_retries=0 forbids another port).
+define LAB_ANNOUNCE
+import os, sys, time, urllib.request, urllib.error
+pid, url, api = int(sys.argv[1]), sys.argv[2] + "?token=" + os.environ["JUPYTER_TOKEN"], sys.argv[3]
+for _ in range(1200):
+    try: os.kill(pid, 0)
+    except OSError: sys.exit(0)
+    try: urllib.request.urlopen(urllib.request.Request(api, headers={"Authorization": "token " + os.environ["JUPYTER_TOKEN"]}), timeout=2)
+    except urllib.error.HTTPError: pass
+    except OSError: time.sleep(0.2); continue
+    bar = "=" * max(60, len(url) + 4)
+    print(f"\n{bar}\n  JupyterLab is up. Open:\n\n  {url}\n\n  (Ctrl-C twice stops the server and its kernels)\n{bar}\n", flush=True)
+    sys.exit(0)
+endef
+export LAB_ANNOUNCE
+
 lab: setup
-	$(VENV)/bin/jupyter lab nbs/
+	@set -e; \
+	export JUPYTER_PREFER_ENV_PATH=1 OMP_NUM_THREADS="$${OMP_NUM_THREADS:-1}"; \
+	$(PY) -c "$$LAB_KERNEL_CHECK"; \
+	token='$(LAB_TOKEN)'; [ -n "$$token" ] || token=$$($(PY) -c 'import secrets; print(secrets.token_urlsafe(24))'); \
+	root=""; if [ "$$(id -u)" = 0 ]; then root=--allow-root; fi; \
+	host='$(LAB_IP)'; case "$$host" in 0.0.0.0|::|"") host=$$(hostname -f 2>/dev/null || hostname);; *:*) host="[$$host]";; esac; \
+	local='$(LAB_IP)'; case "$$local" in 0.0.0.0|"") local=127.0.0.1;; ::) local='[::1]';; *:*) local="[$$local]";; esac; \
+	( JUPYTER_TOKEN="$$token" $(PY) -c "$$LAB_ANNOUNCE" $$$$ "http://$$host:$(LAB_PORT)/lab" "http://$$local:$(LAB_PORT)/api/status" & ); \
+	JUPYTER_TOKEN="$$token" exec $(PY) -m jupyterlab $$root --no-browser \
+	  --ServerApp.ip='$(LAB_IP)' --ServerApp.port=$(LAB_PORT) --ServerApp.port_retries=0 \
+	  --ServerApp.root_dir=nbs $(LAB_ARGS)
 
 export: setup
 	@$(EXPORT)

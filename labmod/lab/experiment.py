@@ -12,7 +12,7 @@ from .settings import settings
 from .store import RunStore
 
 # %% auto #0
-__all__ = ['t_quantile_975', 'mean_ci', 'fmt_ci', 'Run', 'start_run']
+__all__ = ['RUN_MARKER', 't_quantile_975', 'mean_ci', 'fmt_ci', 'Run', 'start_run']
 
 # %% ../../nbs/90_experiment.ipynb #8df2fc9e
 _T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
@@ -77,11 +77,22 @@ class Run:
         "A path inside the run directory for any other output."
         return self.dir / name
 
+RUN_MARKER = ".labmod-run"   # `labmod run` leaves it in the run folder it executes a notebook in
+
+def _run_dir(experiment: str) -> tuple[Path, str]:
+    "Where this process's run goes, and why."
+    if (Path.cwd() / RUN_MARKER).is_file(): return Path.cwd(), "prepared by labmod run"
+    if d := os.environ.get("LABMOD_RUN_DIR"): return Path(d), "LABMOD_RUN_DIR"
+    s = settings()
+    origin = (s.origins or {}).get("runs_dir", str(s.file))
+    return s.runs_dir / experiment / time.strftime("adhoc-%Y%m%d-%H%M%S"), f"runs_dir from {origin}"
+
 def start_run(experiment: str, params: dict | None = None) -> Run:
-    "The current run: the one `labmod run` prepared ($LABMOD_RUN_DIR), else a new ad-hoc run directory."
+    """The current run: the folder `labmod run` prepared (the kernel's working folder holds its marker), else
+    `$LABMOD_RUN_DIR`, else a new `adhoc-<time>` folder under the settings' `runs_dir`. Says where it is."""
     params = dict(params or {})
-    if d := os.environ.get("LABMOD_RUN_DIR"): return Run(Path(d), params)
-    d = settings().runs_dir / experiment / time.strftime("adhoc-%Y%m%d-%H%M%S")
+    d, why = _run_dir(experiment)
     run = Run(d, params)
-    (run.dir / "params.json").write_text(json.dumps(params, indent=1, default=str))
+    if why != "prepared by labmod run": (run.dir / "params.json").write_text(json.dumps(params, indent=1, default=str))
+    print(f"[labmod] {experiment}: run data goes to {run.dir} ({why})")
     return run

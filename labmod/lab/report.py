@@ -78,6 +78,11 @@ def header_html(meta: dict) -> str:
     err = f'<div class="labmod-error">{_esc(meta["error"])}</div>' if meta.get("error") else ""
     return f'{_CSS}<div class="labmod-header"><h1>{_esc(meta.get("experiment"))} / {_esc(meta.get("run_id"))}</h1><table>{body}</table>{err}</div>'
 
+def _progress_output(o: dict) -> bool:
+    "A progress bar or warning output: a stderr stream, or a Jupyter widget (tqdm's bar in a notebook)."
+    return ((o.get("output_type") == "stream" and o.get("name") == "stderr")
+            or "application/vnd.jupyter.widget-view+json" in (o.get("data") or {}))
+
 def render_run_report(executed_nb: Path | None, meta: dict, out: Path) -> Path:
     "Write `out`: the header, then the executed notebook with inputs hidden (or only the header if none)."
     body = ""
@@ -85,8 +90,8 @@ def render_run_report(executed_nb: Path | None, meta: dict, out: Path) -> Path:
         import nbformat
         from nbconvert import HTMLExporter
         nb = nbformat.read(str(executed_nb), as_version=4)
-        for cell in nb.cells:   # stderr is progress bars and warnings: noise for a reader (errors come from the header)
-            cell["outputs"] = [o for o in cell.get("outputs", []) if not (o.get("output_type") == "stream" and o.get("name") == "stderr")]
+        for cell in nb.cells:   # progress bars (stderr text, or widgets) and warnings are noise for a reader (errors come from the header)
+            cell["outputs"] = [o for o in cell.get("outputs", []) if not _progress_output(o)]
         exporter = HTMLExporter(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True)
         body, _ = exporter.from_notebook_node(nb)
     page = body.replace("<body", "<body", 1)

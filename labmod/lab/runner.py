@@ -8,6 +8,7 @@ import ast, itertools, json, os, time, traceback
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from .settings import settings
+from .experiment import RUN_MARKER
 from .report import build_index, final_metrics, git_info, machine_info, render_run_report, render_sweep_page
 
 # %% auto #0
@@ -85,7 +86,9 @@ def run_notebook(notebook: Path | str, params: dict | None = None, name: str | N
             "start": time.time(), "status": "running", "run_dir": str(run_dir)}
     (run_dir / "params.json").write_text(json.dumps(effective, indent=1, default=str))
     out_nb = run_dir / "notebook.ipynb"
-    old = os.environ.get("LABMOD_RUN_DIR"); os.environ["LABMOD_RUN_DIR"] = str(run_dir)
+    # the run's location reaches its own kernel only: the kernel runs in run_dir, which holds the marker start_run reads
+    # (a process-wide variable would be shared by the runs of a parallel sweep)
+    (run_dir / RUN_MARKER).write_text(json.dumps({"experiment": experiment, "run_id": run_id}))
     try:
         pm.execute_notebook(str(notebook), str(out_nb), parameters=params, cwd=str(run_dir),
                             progress_bar=progress, kernel_name="python3", log_output=False)
@@ -93,9 +96,6 @@ def run_notebook(notebook: Path | str, params: dict | None = None, name: str | N
     except Exception as e:  # papermill's execution error carries the cell's traceback; keep it for the report
         meta["status"] = "failed"
         meta["error"] = (f"{type(e).__name__}: {e}" if hasattr(e, "ename") else traceback.format_exc(limit=5))[-6000:]
-    finally:
-        if old is None: os.environ.pop("LABMOD_RUN_DIR", None)
-        else: os.environ["LABMOD_RUN_DIR"] = old
     meta["wall_s"] = time.time() - meta["start"]
     meta["final"] = final_metrics(run_dir)
     (run_dir / "run.json").write_text(json.dumps(meta, indent=1, default=str))

@@ -59,6 +59,7 @@ class Settings:
     "Parsed settings; attribute access by key (`settings.runs_dir`)."
     values: dict
     file: Path
+    origins: dict | None = None   # key -> where its value came from (the file, or an environment variable)
     def __getattr__(self, key):
         try: return self.values[key]
         except KeyError: raise AttributeError(key) from None
@@ -84,7 +85,7 @@ def load_settings(path: Path | str | None = None, environ: dict | None = None) -
             raise SettingsError(f"unknown setting {key!r} in environment variable {var} (known: {', '.join(sorted(SETTINGS_KEYS))})")
         raw[key], origins[key] = val, f"environment variable {var}"
     root = path.resolve().parent
-    return Settings({k: _parse(k, v, root, origins[k]) for k, v in raw.items()}, path.resolve())
+    return Settings({k: _parse(k, v, root, origins[k]) for k, v in raw.items()}, path.resolve(), origins)
 
 def settings() -> Settings:
     "The settings in force now (re-read each call so overrides set at run time apply)."
