@@ -18,7 +18,7 @@ import torch
 from labmod.core import Task
 from labmod.models import HFLM, _apply_lora, avoid_cudnn_attention, load_lm
 from labmod import rl
-from labmod.rl.run import target_token_collect
+from labmod.rl.run import target_token_collect, train_loop
 
 LLAMA_31_8B = dict(model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                    num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192, rope_theta=500000.0,
@@ -43,7 +43,7 @@ def grpo_updates(lm, args, label):
     trainer = rl.PolicyTrainer(lm.model, tok, cfg)
     collect = target_token_collect(lm.model, tok, target, group_size=args.group, max_new_tokens=args.new_tokens)
     if DEVICE == "cuda": torch.cuda.reset_peak_memory_stats()
-    hist = rl.train_loop(trainer, collect, tasks, steps=args.updates, groups_per_step=len(tasks), progress=False)
+    hist = train_loop(trainer, collect, tasks, rl.RunConfig(steps=args.updates, groups_per_step=len(tasks), dynamic_sampling=False, progress=False))
     tail = hist[1:] or hist                      # the first update pays for kernel warm-up
     tok_s = sum(h.get("tokens_per_s", 0) for h in tail) / len(tail)
     print(f"RESULT {label} updates={len(hist)} update_tokens_per_s={tok_s:.0f} "

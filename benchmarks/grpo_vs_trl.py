@@ -29,7 +29,7 @@ def main():
 
     import trl
     from datasets import Dataset
-    from labmod.rl.losses import GRPOConfig
+    from labmod.rl.config import GRPOConfig
     from labmod.rl.trainer import PolicyTrainer
     from labmod.rl.samples import Sample
     from labmod.models import tiny_causal_lm

@@ -15,8 +15,7 @@ from labmod.agent import Agent
 from labmod.envs.core import RoutingEnv, list_tasks
 from labmod.models import load_lm
 from labmod.rollout import RolloutEngine, RolloutConfig
-from labmod.rl.run import expert_trajectories, sft_examples
-from labmod import rl
+from labmod.rl import WarmStart, warm_start
 
 def main():
     ap = argparse.ArgumentParser()
@@ -31,10 +30,7 @@ def main():
     tasks = [rng.choice(sw if i % 2 else mw) for i in range(args.episodes)]
     lm = load_lm("tiny")
     agent = Agent(lm, max_new_tokens=24, history_k=1)
-    env = RoutingEnv()
-    try: demos = expert_trajectories(agent, env, sw[:2] + mw[:4], max_turns=args.max_turns)
-    finally: env.close()
-    rl.sft(lm.model, lm.tokenizer, sft_examples(agent, demos), epochs=3, lr=1e-3, progress=False)
+    warm_start(agent, RoutingEnv, sw[:2] + mw[:4], WarmStart(source="expert", epochs=3, lr=1e-3), max_turns=args.max_turns, progress=False)
     results = {}
     for mode in ("sync", "async", "sync", "async"):   # interleaved twice: machine noise hits both modes
         with RolloutEngine(agent, RoutingEnv, RolloutConfig(max_turns=args.max_turns, n_envs=args.n_envs, mode=mode,
@@ -44,12 +40,12 @@ def main():
             results.setdefault(mode, []).append(eng.stats)
     best = {m: max(s, key=lambda s: s.episodes_per_s) for m, s in results.items()}
     a, s = best["async"], best["sync"]
-    lm_per_ep = a.lm_busy_s / a.episodes
+    lm_per_ep = a.policy_busy_s / a.episodes
     env_per_ep = a.env_busy_s / a.episodes / args.n_envs
     ideal = 1.0 / max(lm_per_ep, env_per_ep)
     print(f"episodes={args.episodes} n_envs={args.n_envs} turns(async)={a.turns} turns(sync)={s.turns}")
     for m, st in best.items():
-        print(f"{m:5s}: {st.episodes_per_s:.3f} episodes/s  wall {st.wall_s:.1f}s  lm_util {st.lm_utilization:.2f}  "
+        print(f"{m:5s}: {st.episodes_per_s:.3f} episodes/s  wall {st.wall_s:.1f}s  lm_util {st.policy_utilization:.2f}  "
               f"env_util {st.env_utilization:.2f}  mean_batch {st.mean_batch:.2f}")
     print(f"ideal: {ideal:.3f} episodes/s (busiest resource: {'LM' if lm_per_ep >= env_per_ep else 'env workers'}; "
           f"LM {lm_per_ep:.3f} s/episode, env {env_per_ep:.3f} s/episode per slot)")

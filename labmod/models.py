@@ -257,46 +257,48 @@ def build_tiny_model(corpus: list[str], out_dir: str | Path | None = None, seed:
     return final
 
 # %% ../nbs/20_models.ipynb #f301c68a
-def _episode_docs(env, task, rng: random.Random, random_steps: int = 0, max_steps: int = 30) -> list[str]:
-    "Rendered prompts (with the chosen action as reply) and observations of one episode: the gold path, or `random_steps` random actions."
-    from labmod.agent import build_messages
-    obs = env.reset(task)
-    instruction = task.instruction or (obs.data or {}).get("instruction")
-    plan = [None] * random_steps if random_steps else (env.gold_path() if hasattr(env, "gold_path") else [])
-    history, docs, text = [], [obs.text], obs.text
-    for step, planned in enumerate(plan[:max_steps]):
-        valid = env.valid_actions()
-        action = planned if planned is not None else (rng.choice(valid) if valid else None)
-        if action is None: break
-        variants = [("task", None)] if instruction else []
-        if step % 2 == 0: variants.append(("state_reaching", text))  # some target-style prompts too
-        for template, target in variants:
-            msgs = build_messages(template, instruction=instruction, target=target, history=history, observation=text,
-                                  valid_actions=valid, step=step, max_steps=max_steps)
-            docs.append(render_plain(msgs) + f"<think>I should {action}.</think><action>{action}</action>{END_TOKEN}")
-        st = env.step(action)
-        history.append((text, action)); text = st.obs.text; docs.append(text)
-        if st.done: break
+def _corpus_policy(random_steps: int, seed: int):
+    "The env's expert (gold path), or `random_steps` random admissible actions, each decision carrying the corpus text of the prompts it answers."
+    import dataclasses
+    from labmod.agent import ScriptedPolicy, TASK_FORMAT
+    class CorpusPolicy(ScriptedPolicy):
+        needs_expert = True
+        def choose(self, s, rng):
+            if not random_steps: return s.expert_action
+            return rng.choice(s.valid_actions) if s.valid_actions and s.step < random_steps else None
+        def demonstrate(self, s, action):
+            d = super().demonstrate(s, action)
+            variants = [s] if s.instruction else []
+            if s.step % 2 == 0: variants.append(dataclasses.replace(s, instruction=None, target=s.observation))  # target-style prompts too
+            d.info["docs"] = [render_plain(TASK_FORMAT.messages(v)) + f"<think>I should {action}.</think><action>{action}</action>{END_TOKEN}"
+                              for v in variants]
+            return d
+    return CorpusPolicy(seed=seed)
+
+def _episode_docs(traj) -> list[str]:
+    "The corpus text of one recorded episode: the first observation, then each prompt with its reply and the observation after it."
+    docs = [traj.initial_obs.text]
+    for t in traj.turns: docs += t.info.get("docs", []) + [t.obs.text]
     return docs
 
 def tiny_corpus(refresh: bool = False, games: list[str] | None = None, n_per_game: int = 3, random_steps: int = 2,
                 seed: int = 0) -> list[str]:
-    "Training text for the tiny model's tokenizer: rendered prompts and observations of real TextWorld-Express episodes (cached)."
+    "Training text for the tiny model's tokenizer: rendered task-format prompts and observations of real TextWorld-Express episodes (cached)."
     from labmod.envs.core import make_env, list_tasks
+    from labmod.rollout import RolloutEngine, RolloutConfig
     path = settings().data_dir / "tiny_corpus.jsonl"
     if path.is_file() and not refresh:
         return [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
-    from tqdm.auto import tqdm
-    rng, docs = random.Random(seed), []
-    env = make_env("textworld_express")
-    try:
-        tasks = [t for t in list_tasks("textworld_express", "train", games=games, n_per_game=n_per_game)]
-        for t in tqdm(tasks, desc="tiny corpus episodes"):
-            docs += _episode_docs(env, t, rng)
-            if random_steps: docs += _episode_docs(env, t, rng, random_steps)
-    finally: env.close()
+    tasks = list_tasks("textworld_express", "train", games=games, n_per_game=n_per_game)
+    runs = []
+    for steps in ([0, random_steps] if random_steps else [0]):
+        with RolloutEngine(_corpus_policy(steps, seed), lambda: make_env("textworld_express"), RolloutConfig(max_turns=30, n_envs=2)) as eng:
+            runs.append([g[0] for g in eng.run(tasks, progress=True)])
+    docs = [d for episodes in zip(*runs) for ep in episodes for d in _episode_docs(ep)]
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp"); tmp.write_text("".join(json.dumps(d) + "\n" for d in docs)); tmp.replace(path)
+    fd, tmp = tempfile.mkstemp(prefix=".tiny_corpus-", dir=path.parent)   # a unique name: concurrent first builds do not interleave
+    with os.fdopen(fd, "w") as f: f.write("".join(json.dumps(d) + "\n" for d in docs))
+    os.replace(tmp, path)
     return docs
 
 # %% ../nbs/20_models.ipynb #26a042d7

@@ -10,8 +10,7 @@ even with a fixed seed: the margin is set against the spread measured over seeds
 from labmod.agent import Agent
 from labmod.envs.core import list_tasks, make_env
 from labmod.models import load_lm
-from labmod.rl.run import TaskRLConfig, run_task_rl
-from labmod import rl
+from labmod.rl import GRPOConfig, RunConfig, RunTasks, WarmStart, train
 
 
 def test_grpo_raises_held_out_success_on_twx_coin():
@@ -21,11 +20,10 @@ def test_grpo_raises_held_out_success_on_twx_coin():
     assert not {t.id for t in eval_tasks} & {t.id for t in pool}
     lm = load_lm("tiny", seed=0)
     agent = Agent(lm, max_new_tokens=16, temperature=1.0, history_k=0)
-    cfg = TaskRLConfig(steps=4, groups_per_step=8, group_size=8, max_turns=5, n_envs=8, sft_epochs=4, sft_source="random",
-                       eval_every=0, eval_temperature=1.0, eval_samples=3,
-                       grpo=rl.GRPOConfig(lr=5e-4, old_logprobs="sampler", micro_batch_size=16, seed=0))
-    res = run_task_rl(agent, lambda: make_env("textworld_express"), train_tasks, eval_tasks, cfg, sft_tasks=sft_tasks,
-                      progress=False)
+    cfg = RunConfig(steps=4, groups_per_step=8, group_size=8, max_turns=5, n_envs=8, eval_every=0, eval_temperature=1.0,
+                    eval_samples=3, seed=0, progress=False, warm=WarmStart(source="random", epochs=4),
+                    algo=GRPOConfig(lr=5e-4, old_logprobs="sampler", micro_batch_size=16))
+    res = train(agent, lambda: make_env("textworld_express"), RunTasks(train_tasks, {"dev": eval_tasks}, warm=sft_tasks), cfg)
     before, after = res["before"], res["after"]
     print(f"held-out success {before['success']:.3f} -> {after['success']:.3f} over {after['episodes']} episodes; "
           f"train reward by update {[round(h['reward_mean'], 2) if 'reward_mean' in h else 'no informative group' for h in res['history']]}; "

@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from labmod.agent import build_messages, parse_action
+from labmod.agent import AgentState, TASK_FORMAT, parse_answer
 from labmod.models import (BackendUnavailable, Generation, HFLM, build_tiny_model, load_lm, render_plain,
                            smollm2_path, tiny_corpus)
 
@@ -20,8 +20,8 @@ CORPUS = [
 
 
 def _messages(obs="You are in the kitchen.", actions=("open fridge", "look around")):
-    return build_messages("task", instruction="cook a meal", target=None, history=[("You wake up.", "look around")],
-                          observation=obs, valid_actions=list(actions), step=1, max_steps=10)
+    return TASK_FORMAT.messages(AgentState(obs, list(actions), instruction="cook a meal", history=[("You wake up.", "look around")],
+                                           step=1, max_steps=10))
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +112,7 @@ def test_agent_loop_on_tiny(tiny):
     gens = tiny.chat([msgs] * 4, max_new_tokens=24, seed=1, stop=["</action>"])
     assert len({tuple(g.token_ids) for g in gens}) > 1
     for g in gens:
-        pa = parse_action(g.text, ["open fridge", "look around"])
+        pa = parse_answer(g.text, valid_actions=["open fridge", "look around"])
         assert pa.action is not None or (pa.error and not pa.valid_format)
 
 
@@ -175,7 +175,7 @@ def test_openai_backend(chat_server, monkeypatch):
     _ChatHandler.requests.clear()
     gens = lm.chat([[{"role": "user", "content": "hello alpha"}], [{"role": "user", "content": "hello beta"}]],
                    max_new_tokens=16, temperature=0.5, stop=["</action>"], seed=1)
-    assert [parse_action(g.text).action for g in gens] == ["say alpha", "say beta"]
+    assert [parse_answer(g.text).action for g in gens] == ["say alpha", "say beta"]
     assert gens[0].token_ids == [0, 1, 2] and gens[0].logprobs == [-0.5] * 3 and gens[0].finish_reason == "stop"
     path, headers, body = _ChatHandler.requests[0]
     assert headers["Authorization"] == "Bearer sk-test" and body["model"] == "judge-model"

@@ -24,7 +24,7 @@ def rank_samples(rank: int):
 
 
 def make_trainer(accelerator=None):
-    from labmod.rl.losses import GRPOConfig
+    from labmod.rl.config import GRPOConfig
     from labmod.rl.trainer import PolicyTrainer, seed_everything
     from labmod.models import tiny_causal_lm
     seed_everything(0)

@@ -13,7 +13,7 @@ STEPS = 8
 
 def train(run_dir: str, steps: int, lora: bool = False):
     from labmod.core import Task
-    from labmod.rl.losses import GRPOConfig
+    from labmod.rl.config import GRPOConfig, RunConfig
     from labmod.rl.trainer import PolicyTrainer, seed_everything
     from labmod.rl.run import target_token_collect, train_loop
     from labmod.models import tiny_causal_lm
@@ -25,12 +25,11 @@ def train(run_dir: str, steps: int, lora: bool = False):
         from peft import LoraConfig, get_peft_model
         model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0))
     targets = {i for i in range(len(tok)) if "o" in tok.decode([i])}
-    cfg = GRPOConfig(lr=3e-3, micro_batch_size=4, checkpoint_every=1, lr_scheduler="linear", total_steps=steps,
-                     num_iterations=2)
+    cfg = GRPOConfig(lr=3e-3, micro_batch_size=4, lr_scheduler="linear", total_steps=steps, num_iterations=2)
     trainer = PolicyTrainer(model, tok, cfg)
     tasks = [Task(f"toy-{i}", "toy", instruction=f"say o {i}:") for i in range(3)]
-    train_loop(trainer, target_token_collect(model, tok, targets, group_size=4, max_new_tokens=4), tasks, steps=steps,
-               groups_per_step=2, store=RunStore(run_dir), dynamic_sampling=True, max_gen_batches=3, progress=False)
+    run = RunConfig(steps=steps, groups_per_step=2, dynamic_sampling=True, max_gen_batches=3, checkpoint_every=1, progress=False)
+    train_loop(trainer, target_token_collect(model, tok, targets, group_size=4, max_new_tokens=4), tasks, run, store=RunStore(run_dir))
     trainer.save_checkpoint(Path(run_dir) / "final")
     return trainer
 
@@ -79,7 +78,7 @@ def test_sigkill_and_resume_matches_uninterrupted(tmp_path):
 
 def test_lora_checkpoint_round_trip(tmp_path):
     "A PEFT model checkpoints its adapters only, and a fresh trainer continues identically."
-    from labmod.rl.losses import GRPOConfig
+    from labmod.rl.config import GRPOConfig, RunConfig
     from labmod.rl.trainer import PolicyTrainer, seed_everything
     from labmod.rl.samples import Sample
     from labmod.models import tiny_causal_lm

@@ -11,7 +11,8 @@ import copy
 import pytest
 import torch
 
-from labmod.rl.losses import GRPOConfig, collate, grpo_loss, token_logprobs
+from labmod.rl.config import GRPOConfig
+from labmod.rl.losses import collate, grpo_loss, token_logprobs
 from labmod.rl.samples import Sample
 from labmod.models import tiny_causal_lm
 
