@@ -3,9 +3,9 @@
 Two measurements per env, each run for the real env and for a `SyntheticEnv` backed by the tiny experience
 model (after a short SFT on real offline transitions of the same env, w/o reasoning, so its answers parse):
 
-1. raw env throughput: `--n-envs` envs stepped concurrently in threads with random admissible actions
-   (the synthetic envs share one experience model, whose batcher merges their concurrent steps into one
-   LM batch) -> env steps/s;
+1. raw env throughput: `--n-envs` envs stepped concurrently by the rollout engine with random admissible actions
+   (`env_steps_per_s`; the real env pays for its abstract-state mapping; the synthetic envs share one experience
+   model, whose batcher merges their concurrent steps into one LM batch) -> env steps/s;
 2. through the rollout engine: the same agent (the small tiny-recipe model after a short SFT on expert demos,
    so that its actions are well-formed) plays the same tasks against each env, with
    `--n-envs` slots -> env steps/s of the whole rollout (LM decisions included) and the env's share of it.
@@ -20,13 +20,15 @@ import argparse
 import torch
 from labmod.agent import Agent
 from labmod.envs.core import list_tasks, make_env
-from labmod.dreamgym.experience import ExperienceModel, SyntheticEnv, cache_initial_states, tiny_experience_lm, train_experience_model
-from labmod.dreamgym.data import collect_offline_transitions
-from labmod.dreamgym.train import env_steps_per_s
-from labmod.dreamgym.replay import ReplayBuffer, get_encoder
+from labmod.rl.config import WarmStart
+from labmod.rl.run import warm_start
 from labmod.rollout import RolloutConfig, RolloutEngine
-from labmod.rl.run import expert_trajectories, sft_examples
-from labmod import rl
+from labmod.dreamgym.data import EMPrompt, collect_offline_transitions
+from labmod.dreamgym.experience import (EMGeneration, EMTrainConfig, ExperienceModel, SyntheticEnv, cache_initial_states,
+                                        tiny_experience_lm, train_experience_model)
+from labmod.dreamgym.fidelity import env_steps_per_s
+from labmod.dreamgym.replay import ReplayBuffer, get_encoder
+from labmod.dreamgym.train import AbstractStateEnv
 
 TASK_KW = {"textworld_express": {"games": ["coin"]}, "scienceworld": {"tasks": ["find-living-thing"]}}
 
@@ -41,10 +43,7 @@ def tasks_for(env_name, n):
 def warm_agent(name, tasks, max_turns):
     "The small tiny-recipe policy after a short SFT on the env's expert demos, so that its actions reach the env."
     agent = Agent(tiny_experience_lm(seed=1), max_new_tokens=12, history_k=1, temperature=0.5)
-    env = make_env(name)
-    try: demos = expert_trajectories(agent, env, tasks[:2], max_turns=max_turns)
-    finally: env.close()
-    rl.sft(agent.lm.model, agent.lm.tokenizer, sft_examples(agent, demos), epochs=10, lr=2e-3, progress=False)
+    warm_start(agent, lambda: make_env(name), tasks[:2], WarmStart("expert", epochs=10, lr=2e-3), max_turns=max_turns, progress=False)
     return agent
 
 
@@ -54,9 +53,12 @@ def engine_steps_per_s(agent, make, tasks, n_envs, max_turns):
         eng.run(tasks[:n_envs], group_size=1)        # start the env slots (JVMs) outside the timing
         groups = eng.run(tasks, group_size=2)
         s = eng.stats
-    env_steps = sum(1 for g in groups for t in g for tu in t.turns if tu.action is not None)
+    turns = [tu for g in groups for t in g for tu in t.turns]
+    env_steps = sum(1 for tu in turns if tu.action is not None)
     env_calls = env_steps + s.episodes
-    return env_steps / s.wall_s, s.env_busy_s / max(env_calls, 1), s.lm_busy_s / max(s.turns, 1), env_steps
+    # each turn records its share of the policy call that decided it
+    policy_s = sum(tu.timings.get("policy_s", 0.0) for tu in turns) / max(len(turns), 1)
+    return env_steps / s.wall_s, s.env_busy_s / max(env_calls, 1), policy_s, env_steps
 
 
 def main():
@@ -75,16 +77,16 @@ def main():
         offline = collect_offline_transitions(name, tasks, policies=("gold", "random"), steps=6, progress=False)
         buf = ReplayBuffer(get_encoder("hashing", dim=512)); buf.add(offline)
         lm = tiny_experience_lm()
-        train_experience_model(lm, offline, buf, epochs=args.em_epochs, lr=3e-3, k=1, with_reasoning=False, with_history=False, progress=False)
-        em = ExperienceModel(lm, buf, k=1, with_reasoning=False, with_history=False, max_new_tokens=args.em_tokens, retries=0,
-                             batch_wait_s=0.005, max_batch=args.n_envs)
+        prompt = EMPrompt(k=1, with_reasoning=False, with_history=False)
+        train_experience_model(lm, offline, buf, prompt, EMTrainConfig(epochs=args.em_epochs, lr=3e-3, progress=False))
+        em = ExperienceModel(lm, buf, prompt, EMGeneration(max_new_tokens=args.em_tokens, retries=0, batch_wait_s=0.005, max_batch=args.n_envs))
         real0 = make_env(name)
         try: inits = cache_initial_states(real0, tasks, name)
         finally: real0.close()
         make_syn = lambda: SyntheticEnv(em, name, inits, max_steps=10 ** 6)
-        real_raw = env_steps_per_s(lambda: make_env(name), tasks, args.steps, args.n_envs, abstract_name=name)
+        real_raw = env_steps_per_s(lambda: AbstractStateEnv(make_env(name), name), tasks, args.steps, args.n_envs)
         syn_raw = env_steps_per_s(make_syn, tasks, args.steps, args.n_envs)
-        print(f"[{name}] raw env steps/s ({args.n_envs} envs in threads, random admissible actions): "
+        print(f"[{name}] raw env steps/s ({args.n_envs} envs at once, random admissible actions): "
               f"real {real_raw:.1f}  synthetic {syn_raw:.1f}  ratio synthetic/real {syn_raw / real_raw:.3f}  "
               f"(em ok {1 - em.stats['failed'] / max(em.stats['queries'], 1):.2f}, mean EM batch "
               f"{em.stats['queries'] / max(em.stats['batches'], 1):.1f})", flush=True)

@@ -1,21 +1,25 @@
-"DreamGym end to end on real TextWorld-Express with real tiny models: experience-model SFT, SyntheticEnv under the trainer, fidelity, real-interaction counts."
-import os
+"DreamGym end to end on real TextWorld-Express with real tiny models: experience-model SFT, SyntheticEnv under the one training run, fidelity, real-interaction counts, loud backend failures."
+import dataclasses, http.server, json, os, threading
 import pytest
 import torch
 
 from labmod.agent import Agent
 from labmod.envs.core import list_tasks, make_env
-from labmod.dreamgym.experience import (EMQuery, ExperienceModel, SyntheticEnv, cache_initial_states, tiny_experience_lm,
-                               train_experience_model)
-from labmod.dreamgym.data import RuleTeacher, annotate, collect_offline_transitions
-from labmod.dreamgym.train import (AbstractStateEnv, CountingEnv, InteractionCounter, fidelity, llm_judge, multi_step_divergence,
-                             onpolicy_agreement, train_policy)
-from labmod.dreamgym.replay import ReplayBuffer, get_encoder
+from labmod.models import load_lm
+from labmod.rl.config import GRPOConfig, RunConfig, WarmStart
+from labmod.rl.run import RunTasks, warm_start
 from labmod.rollout import RolloutConfig, RolloutEngine
-from labmod.rl.run import TaskRLConfig, warm_start
-from labmod import rl
+from labmod.dreamgym.data import EMPrompt, EMQuery, RuleTeacher, annotate, collect_offline_transitions, em_sft_examples
+from labmod.dreamgym.experience import (EMGeneration, EMTrainConfig, ExperienceModel, ExperienceModelError, SyntheticEnv,
+                                        cache_initial_states, tiny_experience_lm, train_experience_model)
+from labmod.dreamgym.curriculum import CurriculumConfig
+from labmod.dreamgym.train import (AbstractStateEnv, CountingEnv, DreamGymConfig, InteractionCounter, PolicySpec, _fresh_policy,
+                                   row_config, train_policy)
+from labmod.dreamgym.fidelity import EMConfig, fidelity, fit_experience_model, multi_step_divergence, onpolicy_agreement, transition_judge
+from labmod.dreamgym.replay import ReplayBuffer, get_encoder
 
 ENV = "textworld_express"
+PLAIN = EMPrompt(k=1, with_reasoning=False, with_history=False)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -37,26 +41,52 @@ def data():
     return dict(train_tasks=train_tasks, held_tasks=held_tasks, train=train, held=held, buf=buf)
 
 
+def _run(**kw) -> RunConfig:
+    "A toy-size run: no dynamic sampling, evaluation only before and after."
+    return RunConfig(**{"dynamic_sampling": False, "eval_every": 0, "progress": False, **kw})
+
+
 def test_experience_model_sft_reports_and_lowers_both_terms(data):
     torch.manual_seed(0)
     lm = tiny_experience_lm()
-    r = train_experience_model(lm, data["train"], data["buf"], epochs=3, lr=3e-3, k=1, with_history=False,
-                               eval_transitions=data["held"][:4], progress=False)
+    r = train_experience_model(lm, data["train"], data["buf"], EMPrompt(k=1, with_history=False), EMTrainConfig(epochs=3, lr=3e-3, progress=False),
+                               eval_transitions=data["held"][:4])
     assert len(r["loss_reasoning"]) == len(r["loss_outcome"]) == 3
     assert r["loss_reasoning"][-1] < r["loss_reasoning"][0] and r["loss_outcome"][-1] < r["loss_outcome"][0]
     # held-out NLL of both terms also falls (before training vs after the last epoch)
     assert r["eval_loss_reasoning"][-1] < r["eval_loss_reasoning"][0] and r["eval_loss_outcome"][-1] < r["eval_loss_outcome"][0]
     assert r["loss_reasoning"][0] != r["loss_outcome"][0]          # two separate terms, not one number twice
-    plain = train_experience_model(tiny_experience_lm(), data["train"][:4], data["buf"], epochs=1, k=1, with_reasoning=False,
-                                   progress=False)
+    plain = train_experience_model(tiny_experience_lm(), data["train"][:4], data["buf"], EMPrompt(k=1, with_reasoning=False),
+                                   EMTrainConfig(epochs=1, progress=False))
     assert plain["loss_reasoning"] == [None] and plain["loss_outcome"][0] > 0
 
 
+def test_a_trained_model_is_asked_in_the_format_it_was_trained_on(data):
+    cfg = EMConfig(prompt=EMPrompt(k=2, with_reasoning=True, history_keep=2), train=EMTrainConfig(epochs=1, progress=False),
+                   gen=EMGeneration(max_new_tokens=8, retries=0))
+    em, _ = fit_experience_model(data["train"], data["held"][:2], cfg)
+    assert em.prompt is cfg.prompt
+    deep = [t for t in data["train"] if len(t.history) > cfg.prompt.history_keep]
+    assert deep
+    for t in deep[:3] + data["train"][:2]:
+        (trained_on,) = em_sft_examples([t], em.buffer, cfg.prompt)
+        assert em.messages([EMQuery.of(t)]) == [trained_on.messages]
+    # a synthetic episode's first step asks what the SFT example of the real first step was trained on
+    real = make_env(ENV)
+    try: inits = cache_initial_states(real, data["train_tasks"][:1])
+    finally: real.close()
+    first = next(t for t in data["train"] if t.task_id == data["train_tasks"][0].id and not t.history)
+    env = SyntheticEnv(em, ENV, inits)
+    env.reset(data["train_tasks"][0])
+    q = env.query(first.action)
+    assert em.messages([q]) == [em_sft_examples([first], em.buffer, cfg.prompt, exclude_same_task=False)[0].messages]
+
+
 def test_malformed_answers_are_marked_not_raised(data):
-    em = ExperienceModel(tiny_experience_lm(), data["buf"], k=1, max_new_tokens=4, retries=1)   # 4 tokens cannot hold the format
-    outs = em.predict_many([EMQuery(t.instruction, t.history, t.state, t.action, t.env) for t in data["held"][:3]])
+    em = ExperienceModel(tiny_experience_lm(), data["buf"], EMPrompt(k=1), EMGeneration(max_new_tokens=4, retries=1))   # 4 tokens cannot hold the format
+    outs = em.predict_many([EMQuery.of(t) for t in data["held"][:3]])
     assert all(not o.ok and o.error for o in outs)
-    assert em.stats["failed"] == 3 and em.stats["retried"] == 3
+    assert em.stats["failed"] == 3 and em.stats["retried"] == 3 and em.stats["errors"] == 0
     inits = {t.id: {"state": "Location: kitchen", "valid_actions": ["look around"]} for t in data["train_tasks"]}
     env = SyntheticEnv(em, ENV, inits)
     env.reset(data["train_tasks"][0])
@@ -65,16 +95,67 @@ def test_malformed_answers_are_marked_not_raised(data):
     assert st.obs.text == "Location: kitchen" and st.reward == 0.0 and not st.done
 
 
+class _ModelServer(http.server.BaseHTTPRequestHandler):
+    "An OpenAI-compatible chat-completions endpoint serving a real local model (as a vLLM server would); stop strings left out."
+    lm = None
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        g = type(self).lm.chat([body["messages"]], max_new_tokens=body["max_tokens"], temperature=body["temperature"],
+                               stop=body.get("stop"))[0]
+        text = g.text
+        for s in body.get("stop") or []:
+            if s in text: text, reason = text[:text.index(s)], "stop"; break
+        else: reason = g.finish_reason
+        data = json.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason}]}).encode()
+        self.send_response(200); self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data))); self.end_headers(); self.wfile.write(data)
+
+    def log_message(self, *a): pass
+
+
+def test_the_experience_model_serves_over_an_endpoint_and_a_dead_one_is_loud(data):
+    torch.manual_seed(0)
+    local = tiny_experience_lm()
+    train_experience_model(local, data["train"], data["buf"], PLAIN, EMTrainConfig(epochs=16, lr=3e-3, batch_size=4, progress=False))
+    _ModelServer.lm = local
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ModelServer)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        remote = load_lm("em", backend="openai", base_url=f"http://127.0.0.1:{srv.server_address[1]}/v1", logprobs=False, max_workers=1)
+        gen = EMGeneration(max_new_tokens=128, retries=0)
+        q = [EMQuery.of(t) for t in data["held"][:3]]
+        mine, theirs = ExperienceModel(local, data["buf"], PLAIN, gen), ExperienceModel(remote, data["buf"], PLAIN, gen)
+        here = [mine.predict_many([x])[0] for x in q]     # one at a time, as the endpoint serves them: the same greedy answers
+        there = theirs.predict_many(q)
+        assert [o.ok for o in here] == [o.ok for o in there] and any(o.ok for o in here)   # greedy: the same answers, read the same way
+        assert [o.next_state for o in here] == [o.next_state for o in there]
+    finally: srv.shutdown(); srv.server_close()
+    # nobody serves this endpoint: every synthetic step raises instead of paying reward 0, and the run stops, counted
+    dead = ExperienceModel(load_lm("em", backend="openai", base_url="http://127.0.0.1:9/v1"), data["buf"], PLAIN)
+    env = SyntheticEnv(dead, ENV, {t.id: {"state": "Location: kitchen"} for t in data["train_tasks"]})
+    env.reset(data["train_tasks"][0])
+    with pytest.raises(ExperienceModelError, match="openai_base_url"):
+        env.step("look around")
+    assert dead.stats["errors"] == 1 and dead.stats["failed"] == 0
+    agent = _warm_policy(data, seed=4)   # writes well-formed actions, so its synthetic episodes take steps
+    cfg = DreamGymConfig(run=_run(steps=1, groups_per_step=1, group_size=2, max_turns=2, n_envs=2), mode="dreamgym")
+    # the engine retries (then loses) an episode whose env raised; the run's hooks raise after the collection
+    with pytest.raises(ExperienceModelError, match="queries failed"):
+        train_policy(agent, lambda: make_env(ENV), RunTasks(data["train_tasks"][:1], data["held_tasks"][:1]), cfg, em=dead)
+    assert dead.stats["errors"] > 1 and dead.stats["generations"] == 0
+
+
 def _warm_policy(data, seed=1):
     "The small tiny-recipe policy after a short SFT on real expert demos, so that it writes well-formed actions."
     agent = Agent(tiny_experience_lm(seed=seed), max_new_tokens=12, temperature=0.5)
-    warm_start(agent, lambda: make_env(ENV), data["train_tasks"][1:3], "expert", epochs=10, lr=2e-3, max_turns=2, progress=False)
+    warm_start(agent, lambda: make_env(ENV), data["train_tasks"][1:3], WarmStart("expert", epochs=10, lr=2e-3), max_turns=2, progress=False)
     return agent
 
 
 def test_synthetic_env_under_rollout_engine_and_grpo(data):
     torch.manual_seed(0)
-    em = ExperienceModel(tiny_experience_lm(), data["buf"], k=1, with_reasoning=False, with_history=False, max_new_tokens=24, retries=0)
+    em = ExperienceModel(tiny_experience_lm(), data["buf"], PLAIN, EMGeneration(max_new_tokens=24, retries=0))
     real = make_env(ENV)
     try: inits = cache_initial_states(real, data["train_tasks"][:2])
     finally: real.close()
@@ -86,18 +167,19 @@ def test_synthetic_env_under_rollout_engine_and_grpo(data):
     stepped = [tu for g in groups for t in g for tu in t.turns if tu.action is not None]
     assert stepped and all(tu.info["synthetic"] and "em_ok" in tu.info for tu in stepped)
     assert em.stats["queries"] == len(stepped)
-    # GRPO through run_task_rl / rl.train_loop, unchanged: synthetic env for training, real env for evaluation
-    cfg = TaskRLConfig(steps=1, groups_per_step=2, group_size=2, max_turns=2, n_envs=2, dynamic_sampling=False, eval_every=0,
-                       grpo=rl.GRPOConfig(lr=1e-3, seed=0, temperature=agent.temperature))
-    q0 = em.stats["queries"]
-    res = train_policy("dreamgym", "grpo", agent, lambda: make_env(ENV), data["train_tasks"][:2], data["held_tasks"][:1], cfg,
-                       em=em, progress=False)
+    # GRPO through the one training run: synthetic env for training, real env for evaluation; enrichment on
+    cfg = DreamGymConfig(run=_run(steps=1, groups_per_step=2, group_size=2, max_turns=2, n_envs=2, algo=GRPOConfig(lr=1e-3)), enrich=True)
+    q0, n0 = em.stats["queries"], len(em.buffer)
+    res = train_policy(agent, lambda: make_env(ENV), RunTasks(data["train_tasks"][:2], data["held_tasks"][:1]), cfg, em=em)
     hist = res["phases"]["synthetic"]["history"]
     assert len(hist) == 1 and hist[0]["trajectories"] == 4 and hist[0]["step"] == 1 and not hist[0].get("skipped_update")
     assert res["em_stats"]["queries"] > q0                                  # the training episodes were stepped by the experience model
     ri = res["real_interactions"]
     assert ri.get("train_steps", 0) == 0 and ri["train_resets"] == 2       # only the initial-state cache touched the real env for training
     assert ri["eval_resets"] == 2                                           # evaluation before and after, in the real env, counted apart
+    added = res["phases"]["synthetic"]["hooks"]["enriched"]
+    assert len(em.buffer) == n0 + added and all(t.source == "synthetic" for t in em.buffer.transitions[n0:])
+    assert added == sum(1 for t in em.buffer.transitions[n0:]) and (added == 0 or em.buffer.transitions[-1].env == ENV)
 
 
 def test_real_interaction_counter_counts_only_real_steps(data):
@@ -111,16 +193,32 @@ def test_real_interaction_counter_counts_only_real_steps(data):
     finally: env.close()
     assert path and counter.as_dict() == {"train_resets": 1, "train_steps": len(path), "eval_resets": 1, "eval_steps": 1}
     # S2R: the synthetic phase adds no real training steps; the real phase does
-    em = ExperienceModel(tiny_experience_lm(), data["buf"], k=1, with_reasoning=False, with_history=False, max_new_tokens=16, retries=0)
+    em = ExperienceModel(tiny_experience_lm(), data["buf"], PLAIN, EMGeneration(max_new_tokens=16, retries=0))
     agent = _warm_policy(data, seed=2)
-    cfg = TaskRLConfig(steps=1, groups_per_step=1, group_size=2, max_turns=2, n_envs=1, dynamic_sampling=False, eval_every=0,
-                       grpo=rl.GRPOConfig(lr=1e-4, seed=0, temperature=agent.temperature))
-    res = train_policy("dreamgym_s2r", "grpo", agent, lambda: make_env(ENV), data["train_tasks"][:1], data["held_tasks"][:1], cfg,
-                       em=em, s2r_steps=1, progress=False)
+    cfg = DreamGymConfig(run=_run(steps=1, groups_per_step=1, group_size=2, max_turns=2, n_envs=1, algo=GRPOConfig(lr=1e-4)),
+                         mode="dreamgym_s2r", s2r_steps=1)
+    res = train_policy(agent, lambda: make_env(ENV), RunTasks(data["train_tasks"][:1], data["held_tasks"][:1]), cfg, em=em)
     s2r_turns = sum(r["turns_mean"] * r["trajectories"] for r in res["phases"]["s2r"]["history"])
     assert set(res["phases"]) == {"synthetic", "s2r"}
     # every real training step happened in the S2R phase, at most one per recorded turn (malformed turns never reach the env)
     assert 0 <= res["real_train_steps"] <= s2r_turns and res["real_interactions"]["train_resets"] == 1 + 2
+
+
+def test_grpo_and_ppo_rows_are_evaluated_the_same_way(data):
+    "The two updates of a Table-1 row share the run: the same held-out episodes, at the same temperature, give the same first reading."
+    recipe = DreamGymConfig(run=_run(steps=1, groups_per_step=1, group_size=2, max_turns=2, n_envs=2, rollout_mode="sync",
+                                     eval_temperature=None, eval_samples=2, warm=WarmStart("expert", epochs=2, lr=2e-3),
+                                     algo=GRPOConfig(lr=1e-4, old_logprobs="sampler")))
+    tasks = RunTasks(data["train_tasks"][:1], data["held_tasks"][:2], warm=data["train_tasks"][1:3])
+    res = {}
+    for algo in ("grpo", "ppo"):
+        agent = _fresh_policy(PolicySpec("tiny-em", temperature=0.5, max_new_tokens=12), seed=0)
+        res[algo] = train_policy(agent, lambda: make_env(ENV), tasks, row_config(recipe, "real", algo, seed=0))
+    g, p, n = res["grpo"], res["ppo"], 2 * 2
+    assert (g["algo"], p["algo"]) == ("grpo", "ppo")
+    assert g["before"]["episodes"] == g["after"]["episodes"] == p["before"]["episodes"] == p["after"]["episodes"] == n
+    assert g["real_interactions"]["eval_resets"] == p["real_interactions"]["eval_resets"] == 2 * n
+    assert g["before"] == p["before"]   # same warm start, same episodes, same sampling temperature and seeds: the same reading
 
 
 class _VariationWriter:
@@ -133,16 +231,15 @@ class _VariationWriter:
 
 
 def test_curriculum_variations_train_in_the_synthetic_env_only(data):
-    from labmod.dreamgym.curriculum import Curriculum, TaskVariationGenerator
-    em = ExperienceModel(tiny_experience_lm(), data["buf"], k=1, with_reasoning=False, with_history=False, max_new_tokens=16, retries=0)
+    em = ExperienceModel(tiny_experience_lm(), data["buf"], PLAIN, EMGeneration(max_new_tokens=16, retries=0))
     agent = _warm_policy(data, seed=3)
-    cfg = TaskRLConfig(steps=2, groups_per_step=2, group_size=2, max_turns=2, n_envs=2, dynamic_sampling=False, eval_every=0,
-                       grpo=rl.GRPOConfig(lr=1e-4, seed=0, temperature=agent.temperature))
-    cur = Curriculum(TaskVariationGenerator(_VariationWriter()), lam=0.5, seeds_per_round=2, min_var=0.0, seed=0)
+    run = _run(steps=2, groups_per_step=2, group_size=2, max_turns=2, n_envs=2, algo=GRPOConfig(lr=1e-4))
     with pytest.raises(ValueError, match="synthetic env"):
-        train_policy("real", "grpo", agent, lambda: make_env(ENV), data["train_tasks"][:2], data["held_tasks"][:1], cfg, curriculum=cur)
-    res = train_policy("dreamgym", "grpo", agent, lambda: make_env(ENV), data["train_tasks"][:2], data["held_tasks"][:1], cfg,
-                       em=em, progress=False, curriculum=cur)
+        DreamGymConfig(run=run, mode="real", curriculum=CurriculumConfig())
+    cfg = DreamGymConfig(run=run, curriculum=CurriculumConfig(lam=0.5, seeds_per_round=2, min_var=0.0))
+    res = train_policy(agent, lambda: make_env(ENV), RunTasks(data["train_tasks"][:2], data["held_tasks"][:1]), cfg, em=em,
+                       variation_lm=_VariationWriter())
+    cur = res["curriculum"]
     assert [r["synthetic_groups_played"] for r in cur.rounds] == [0, 1]       # λ = 0.5 of 2 groups once the pool has tasks
     # round 1 varies both real tasks (2 each); round 2 sees one real task (already varied: duplicates dropped) and one
     # synthetic task, varied again (one of the two answers repeats its own instruction and is rejected)
@@ -150,7 +247,7 @@ def test_curriculum_variations_train_in_the_synthetic_env_only(data):
     real_ids = {x.id for x in data["train_tasks"]}
     assert sum(t.metadata["parent"] in real_ids for t in cur.synthetic) == 4
     assert all(t.metadata["parent"] in real_ids or t.metadata["parent"] in {x.id for x in cur.synthetic} for t in cur.synthetic)
-    assert res["phases"]["synthetic"]["curriculum"]["synthetic_tasks"] == 5
+    assert res["phases"]["synthetic"]["hooks"]["curriculum"]["synthetic_tasks"] == 5
     ri = res["real_interactions"]
     assert ri.get("train_steps", 0) == 0 and ri["train_resets"] == 2           # variations never touched the real env
 
@@ -158,12 +255,11 @@ def test_curriculum_variations_train_in_the_synthetic_env_only(data):
 def test_fidelity_on_held_out_real_transitions(data):
     torch.manual_seed(0)
     # room descriptions are ~60-100 tokens: 128 new tokens fit the whole answer
-    kw = dict(k=1, with_reasoning=False, with_history=False, max_new_tokens=128, retries=0)
-    untrained = ExperienceModel(tiny_experience_lm(), data["buf"], **kw)
+    gen = EMGeneration(max_new_tokens=128, retries=0)
+    untrained = ExperienceModel(tiny_experience_lm(), data["buf"], PLAIN, gen)
     lm = tiny_experience_lm()
-    train_experience_model(lm, data["train"], data["buf"], epochs=10, lr=3e-3, batch_size=4, k=1, with_reasoning=False, with_history=False,
-                           progress=False)
-    trained = ExperienceModel(lm, data["buf"], **kw)
+    train_experience_model(lm, data["train"], data["buf"], PLAIN, EMTrainConfig(epochs=16, lr=3e-3, batch_size=4, progress=False))
+    trained = ExperienceModel(lm, data["buf"], PLAIN, gen)
     f0, f1 = fidelity(untrained, data["held"]), fidelity(trained, data["held"])
     for f in (f0, f1):
         assert f["n"] == len(data["held"])
@@ -181,16 +277,17 @@ def test_fidelity_on_held_out_real_transitions(data):
     assert d0["mean_similarity_by_step"] == d0["static_similarity_by_step"] == d["static_similarity_by_step"]
     assert d0["first_divergence_mean"] == d0["static_first_divergence_mean"]
     if not os.environ.get("LABMOD_JUDGE_MODEL"):
-        assert "LABMOD_JUDGE_MODEL" in llm_judge(trained, data["held"][:1])["skipped"]
+        assert "LABMOD_JUDGE_MODEL" in transition_judge(trained, data["held"][:1])["skipped"]
 
 
 def test_onpolicy_agreement_replays_the_policys_synthetic_episodes_in_the_real_env(data):
+    from labmod.dreamgym.fidelity import AgreementConfig
     torch.manual_seed(0)
     # an untrained experience model never answers in format: its episodes never succeed, whatever the real env says
-    em = ExperienceModel(tiny_experience_lm(), data["buf"], k=1, with_reasoning=False, with_history=False, max_new_tokens=16, retries=0)
+    em = ExperienceModel(tiny_experience_lm(), data["buf"], PLAIN, EMGeneration(max_new_tokens=16, retries=0))
     agent = _warm_policy(data)
-    a = onpolicy_agreement(em, agent, lambda: make_env(ENV), data["train_tasks"][:2], episodes_per_task=2, max_turns=3)
-    assert a["n"] == 4 and a["skipped"] == 0 and a["both"] + a["synthetic_only"] + a["real_only"] + a["neither"] == 4
+    a = onpolicy_agreement(em, agent, lambda: make_env(ENV), data["train_tasks"][:2], AgreementConfig(episodes_per_task=2, max_turns=3))
+    assert a["n"] == 4 and a["skipped"] == 0 and a["lost"] == 0 and a["both"] + a["synthetic_only"] + a["real_only"] + a["neither"] == 4
     assert a["synthetic_success"] == 0.0 and a["precision"] is None and a["both"] == 0
     assert em.stats["queries"] > 0
     assert a["agreement"] == 1 - a["real_success"]

@@ -7,8 +7,10 @@ from hypothesis import given, settings, strategies as st, HealthCheck
 from labmod.core import Observation, Task, Trajectory, Turn
 from labmod.envs.core import list_tasks, make_env
 from labmod.dreamgym.replay import ReplayBuffer, Transition, get_encoder
-from labmod.dreamgym.data import (LLMStateMapper, LLMTeacher, RuleTeacher, abstract_state, annotate, collect_offline_transitions, em_sft_examples,
-                                    em_target_spans, format_em_target, parse_em_output, run_policy_episode)
+from labmod.rollout import RolloutConfig, RolloutEngine
+from labmod.dreamgym.data import (EMPrompt, GoldPolicy, LLMStateMapper, LLMTeacher, RuleTeacher, StaleRandomPolicy, abstract_state, annotate,
+                                  collect_offline_transitions, em_sft_examples, em_target_spans, format_em_target, parse_em_output,
+                                  transitions)
 from labmod.dreamgym.curriculum import (TaskVariationGenerator, group_reward_variance, mix_tasks, parse_variations,
                                select_seed_tasks)
 
@@ -21,8 +23,8 @@ def twx_tasks():
 @pytest.fixture(scope="module")
 def offline(twx_tasks):
     # stale_rate 0.3: enough actions that were valid earlier but not now, so invalid transitions are in the data
-    return collect_offline_transitions("textworld_express", twx_tasks, policies=("gold", "random"), steps=15, seed=0,
-                                       progress=False, stale_rate=0.3)
+    return collect_offline_transitions("textworld_express", twx_tasks, policies=("gold", StaleRandomPolicy(stale_rate=0.3)), steps=15,
+                                       seed=0, n_envs=2, progress=False)
 
 
 def test_offline_transitions_come_from_the_real_env(offline, twx_tasks):
@@ -34,13 +36,13 @@ def test_offline_transitions_come_from_the_real_env(offline, twx_tasks):
         assert g and g[-1].done and g[-1].metadata["success"] and sum(t.reward for t in g) > 0
         assert [t.action for t in g] == [t.metadata["expert_action"] for t in g]
         assert all(a.next_state == b.state for a, b in zip(g, g[1:]))       # states chain along the episode
+        assert all(b.history == a.history + [(a.action, a.next_state)] for a, b in zip(g, g[1:])) and g[0].history == []
     assert all(0.0 <= t.reward <= 1.0 and t.instruction for t in offline)
     assert any(t.metadata["valid"] is False for t in rand), "random policy with stale actions produced no invalid step"
     assert gold[0].state.startswith("Location: ")                          # the abstract mapper ran on the room text
-    # the same gold episode replayed gives the same transitions (TWX is deterministic)
-    env = make_env("textworld_express")
-    try: again = run_policy_episode(env, twx_tasks[0], "gold", steps=15, seed=0)
-    finally: env.close()
+    # the same gold episode played again gives the same transitions (TWX is deterministic)
+    with RolloutEngine(GoldPolicy(), lambda: make_env("textworld_express"), RolloutConfig(max_turns=15, n_envs=1)) as eng:
+        again = transitions(eng.run(twx_tasks[:1])[0][0])
     assert [(t.state, t.action, t.next_state, t.reward, t.done) for t in again] == \
            [(t.state, t.action, t.next_state, t.reward, t.done) for t in gold if t.task_id == twx_tasks[0].id]
 
@@ -126,19 +128,20 @@ def test_em_sft_examples_keep_reasoning_separable(offline):
     ann = annotate(offline, RuleTeacher(), progress=False)
     buf = ReplayBuffer(get_encoder("hashing"))
     buf.add(ann)
-    ex = em_sft_examples(ann, buf, k=2)
+    ex = em_sft_examples(ann, buf, EMPrompt(k=2))
     for (msgs, tgt, sp), t in zip(ex, ann):
         assert msgs[0]["role"] == "system" and t.action in msgs[1]["content"]
         reasoning, outcome = tgt[slice(*sp["reasoning"])], tgt[slice(*sp["outcome"])]
         assert t.reasoning in reasoning and t.next_state in outcome and "<think>" not in outcome
         assert parse_em_output(tgt).ok
-    # retrieval leaves the example's own task out of its context
-    other_ids = {d.task_id for d, _ in buf.search(ann[0].state, ann[0].action, k=2, exclude_task_id=ann[0].task_id)}
-    assert ann[0].task_id not in other_ids
-    plain = em_sft_examples(ann[:5], buf, k=2, with_reasoning=False)
+    # retrieval leaves the example's own task out of its context: the demonstrations shown are other tasks' transitions
+    for (msgs, _, _), t in list(zip(ex, ann))[:10]:
+        shown = [d for d, _ in buf.search(t.state, t.action, k=2, exclude_task_id=t.task_id)]
+        assert shown and all(d.task_id != t.task_id and f"Action: {d.action}" in msgs[1]["content"] for d in shown)
+    plain = em_sft_examples(ann[:5], buf, EMPrompt(k=2, with_reasoning=False))
     assert all("<think>" not in e.target and e.spans["reasoning"] == (0, 0) for e in plain)
     with pytest.raises(ValueError, match="annotate"):
-        em_sft_examples(offline[:2], buf, k=1)
+        em_sft_examples(offline[:2], buf, EMPrompt(k=1))
 
 
 def _traj(tid, r):

@@ -5,15 +5,19 @@
 # %% auto #0
 __all__ = []
 
-# %% ../../nbs/59_dreamgym.ipynb #f4fd6bc2
+# %% ../../nbs/59_dreamgym.ipynb #7899ea9e
 from ..core import lazy_exports
 
 _NAMES = {
     **dict.fromkeys(['Transition', 'ReplayBuffer', 'get_encoder'], 'labmod.dreamgym.replay'),
-    **dict.fromkeys(['collect_offline_transitions', 'abstract_state'], 'labmod.dreamgym.data'),
-    **dict.fromkeys(['ExperienceModel', 'SyntheticEnv', 'train_experience_model'], 'labmod.dreamgym.experience'),
-    **dict.fromkeys(['Curriculum', 'TaskVariationGenerator'], 'labmod.dreamgym.curriculum'),
-    **dict.fromkeys(['train_policy', 'dreamgym_row', 'fidelity', 'multi_step_divergence'], 'labmod.dreamgym.train'),
+    **dict.fromkeys(['abstract_state', 'collect_offline_transitions', 'transitions', 'annotate', 'RuleTeacher', 'LLMTeacher',
+                     'EMPrompt', 'EMQuery'], 'labmod.dreamgym.data'),
+    **dict.fromkeys(['ExperienceModel', 'EMGeneration', 'ExperienceModelError', 'EMTrainConfig', 'train_experience_model',
+                     'SyntheticEnv', 'tiny_experience_lm'], 'labmod.dreamgym.experience'),
+    **dict.fromkeys(['Curriculum', 'CurriculumConfig', 'TaskVariationGenerator'], 'labmod.dreamgym.curriculum'),
+    **dict.fromkeys(['DreamGymConfig', 'train_policy', 'PolicySpec', 'row_config', 'dreamgym_row'], 'labmod.dreamgym.train'),
+    **dict.fromkeys(['fidelity', 'multi_step_divergence', 'onpolicy_agreement', 'transition_judge', 'EMConfig',
+                     'fit_experience_model', 'warm_policy_agreement', 'env_steps_per_s'], 'labmod.dreamgym.fidelity'),
 }
 __all__ = list(_NAMES)
 __getattr__, __dir__ = lazy_exports(__name__, _NAMES)
