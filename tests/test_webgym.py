@@ -6,14 +6,13 @@ Needs the Debian packages postgresql-doc-15 git-doc sqlite3-doc python3.11-doc (
 Run: .venv/bin/pytest tests/test_webgym.py -s   (prints the measured table and the dataset statistics)"""
 import json, urllib.request
 import pytest
-from labmod.core import Task
-from labmod.envs.core import MissingDependency, EnvError
-from labmod.envs.browser import BrowserEnv
+from labmod.envs.core import MissingDependency
+from labmod.rollout import RolloutEngine, RolloutConfig
 from labmod.webgym.websites import (SITES, DEFAULT_SITES, SiteSpec, installed_sites, serve_sites, site_spec, page_url, parse_html,
-                             load_webgym_tasks, read_page)
+                             load_webgym_tasks, url_path)
 from labmod.webgym.rubric import (generate_tasks, website_split, dataset_stats, decompose, can_decompose, make_task, rubric_facts,
-                           compact, page_facts, to_hf_dataset, difficulty_bin)
-from labmod.webgym.evaluator import (labelled_trajectories, evaluate_rubric, evaluate_evaluator, evaluator_table, browse_pages,
+                           compact, to_hf_dataset, difficulty_bin, evidence_pages)
+from labmod.webgym.evaluator import (labelled_trajectories, evaluate_rubric, evaluate_evaluator, evaluator_table, PageNavigator,
                                 trajectory_views)
 from labmod.webgym.env import make_web_task_env, step_budget
 
@@ -34,22 +33,14 @@ def tasks():
 
 
 @pytest.fixture(scope="module")
-def browser():
-    env = BrowserEnv("web", step_limit=60)
-    yield env
-    env.close()
-
-
-@pytest.fixture(scope="module")
-def labelled(tasks, sites, browser):
+def labelled(tasks, sites):
     # one task per site, preferring multi-page ones (they exercise the partial_page browse)
     chosen = []
     for name in NAMES[:3]:
         own = sorted([t for t in tasks if t.rubric["website"] == name], key=lambda t: -len(t.rubric["groups"]))
         chosen.append(own[0])
-    out = []
-    for i, t in enumerate(chosen):
-        out += labelled_trajectories(browser, t, sites, seed=i)
+    out = labelled_trajectories(chosen, sites, n_envs=2)
+    assert {tr.task.id for tr, _, _ in out} == {t.id for t in chosen}, "the navigator could not browse every chosen task"
     return out
 
 
@@ -140,21 +131,24 @@ def test_web_env_rubric_reward_and_repetition_penalty(tasks, sites):
     env = make_web_task_env(task, sites, penalty=0.2)
     try:
         assert env.inner.inner.step_limit == step_budget(task.difficulty)
-        obs = env.reset(task)
+        env.reset(task)
         st = env.step("scroll(down)")
-        assert st.info["page_unchanged"] and st.info["repetition_penalty"] == 0.2 and st.reward == 0.0
+        assert st.info["page_unchanged"] and st.info["reward_penalty"] == 0.2 and st.reward == 0.0
         st = env.step("click(987654)")                        # invalid: nothing happens
         assert not st.info["valid"] and st.info["page_unchanged"]
-        nav = browse_pages(env, task, sites, [g["page"] for g in task.rubric["groups"]])
-        assert nav.turns and not any(t.info["page_unchanged"] for t in nav.turns)
-        st = env.step('answer(' + json.dumps("; ".join(f["answer"] for f in rubric_facts(task.rubric))) + ')')
-        assert st.done and st.reward == 1.0 and st.info["success"] and not st.info["page_unchanged"]
-        assert all(ok for _, ok, _ in st.info["rubric_verdict"]["facts"])
         env.reset(task)
         st = env.step('answer("I do not know")')
-        assert st.done and st.reward == 0.0 and not st.info["success"]
+        assert st.done and st.reward == 0.0 and not st.info["success"] and not st.info["page_unchanged"]
     finally:
         env.close()
+    # the scripted navigator clicks through to the evidence pages, then answers: the rubric's reward, inline
+    with RolloutEngine(PageNavigator(answer=True), lambda: make_web_task_env(task, sites, penalty=0.2), RolloutConfig(max_turns=12, n_envs=1)) as eng:
+        (tr,), = eng.run([task])
+    *nav, last = tr.turns
+    assert nav and all(t.action.startswith("click(") and not t.info["page_unchanged"] and t.reward == 0.0 for t in nav)
+    assert {url_path(t.obs.data["url"]) for t in nav} >= set(evidence_pages(task.rubric))
+    assert last.action.startswith("answer(") and last.done and last.reward == 1.0 and last.info["success"] and not last.info["page_unchanged"]
+    assert all(ok for _, ok, _ in last.info["rubric_verdict"]["facts"]) and tr.success
 
 
 def test_webgym_task_file_loader(tmp_path):

@@ -14,7 +14,7 @@ from .core import Env, EnvError, MissingDependency, normalize_text, register_env
 # %% auto #0
 __all__ = ['SNAPSHOT_JS', 'ACTION_HELP', 'ACTION_ARITY', 'CHROMIUM_ARGS', 'MINIWOB_SKIP_IDS', 'EXPERT_TASKS', 'SPLIT_SEED_BASE',
            'StaticSite', 'miniwob_html_dir', 'miniwob_task_names', 'host_allowed', 'render_tree', 'ActionError',
-           'parse_action', 'BrowserEnv', 'miniwob_expert', 'list_miniwob_tasks', 'list_web_tasks']
+           'parse_command', 'BrowserEnv', 'miniwob_expert', 'list_miniwob_tasks', 'list_web_tasks']
 
 # %% ../../nbs/15_browser.ipynb #d36099bc
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
@@ -241,7 +241,7 @@ def _literal(node):
     if isinstance(node, ast.List) and len(node.elts) == 1: return _literal(node.elts[0])   # click([12])
     raise ActionError(f"cannot read the argument {ast.unparse(node)!r}")
 
-def parse_action(text: str) -> tuple[str, tuple]:
+def parse_command(text: str) -> tuple[str, tuple]:
     "`(verb, args)` for the first well-formed action call in `text`; else `ActionError` saying what is wrong with the first."
     calls = list(_CALL.finditer(text or ""))
     if not calls: raise ActionError(f"no action found in {(text or '')[:80]!r}")
@@ -459,7 +459,7 @@ class BrowserEnv(Env):
         self._steps += 1
         note = ""
         try:
-            verb, args = parse_action(action)
+            verb, args = parse_command(action)
             info["action"] = {"verb": verb, "args": list(args)}
             self._perform(verb, args)
         except ActionError as e:

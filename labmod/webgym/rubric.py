@@ -7,16 +7,15 @@ from __future__ import annotations
 import collections, copy, hashlib, itertools, json, random, re
 from pathlib import Path
 from ..core import Task
-from ..envs.core import normalize_text
 from .websites import (SITES, DEFAULT_SITES, Page, HtmlNode, read_page, reachable_pages, site_spec, page_url,
                              site_host)
 
 # %% auto #0
-__all__ = ['DIFFICULTY_BINS', 'CRITERIA_PROMPT', 'PAGE_TASK_PROMPT', 'rubric_facts', 'rubric_difficulty', 'difficulty_bin',
-           'compact', 'table_facts', 'definition_facts', 'heading_facts', 'page_facts', 'instruction_for',
-           'reference_answer', 'make_task', 'bind_task', 'site_fact_pages', 'generate_tasks', 'can_decompose',
-           'decompose', 'website_split', 'dataset_stats', 'to_hf_dataset', 'export_tasks', 'tasks_from_hf',
-           'parse_rubric_reply', 'propose_rubric', 'llm_task_from_page']
+__all__ = ['DIFFICULTY_BINS', 'CRITERIA_PROMPT', 'PAGE_TASK_PROMPT', 'rubric_facts', 'rubric_difficulty', 'evidence_pages',
+           'difficulty_bin', 'compact', 'table_facts', 'definition_facts', 'heading_facts', 'page_facts',
+           'instruction_for', 'reference_answer', 'make_task', 'bind_task', 'site_fact_pages', 'generate_tasks',
+           'can_decompose', 'decompose', 'website_split', 'dataset_stats', 'to_hf_dataset', 'export_tasks',
+           'tasks_from_hf', 'parse_rubric_reply', 'propose_rubric', 'llm_task_from_page']
 
 # %% ../../nbs/61_webgym_rubric.ipynb #040415b7
 DIFFICULTY_BINS = {"easy": (1, 3), "medium": (4, 6), "hard": (7, 10**9)}
@@ -28,6 +27,10 @@ def rubric_facts(rubric: dict) -> list[dict]:
 def rubric_difficulty(rubric: dict) -> int:
     "WebGym's difficulty: the total number of facts across groups."
     return len(rubric_facts(rubric))
+
+def evidence_pages(rubric: dict) -> list[str]:
+    "The pages that hold the rubric's evidence, in group order, each once (groups without a page are skipped)."
+    return list(dict.fromkeys(g["page"] for g in rubric["groups"] if g.get("page")))
 
 def difficulty_bin(difficulty: float | int) -> str:
     "easy (1-3 facts), medium (4-6) or hard (7+)."

@@ -4,7 +4,7 @@
 
 # %% ../../nbs/60_webgym_websites.ipynb #985e73d0
 from __future__ import annotations
-import collections, json, re, urllib.parse
+import collections, json, urllib.parse
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
