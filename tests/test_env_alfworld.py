@@ -208,3 +208,22 @@ def test_concurrent_envs_in_threads_do_not_corrupt_the_parser():
     with ThreadPoolExecutor(2) as ex:
         results = list(ex.map(play, [0, 1]))
     assert all(all(r) for r in results)
+
+
+def test_unreadable_game_file_and_closed_env_are_clear_errors(games, tmp_path):
+    "A truncated game.tw-pddl is a ValueError naming the file (not a raw JSONDecodeError); a closed env says it is closed."
+    import shutil
+    from labmod.envs.core import EnvError
+    _, files = games
+    trial = tmp_path / "json_2.1.1" / "train" / "broken" / "trial_0"
+    shutil.copytree(files[0].parent, trial)
+    (trial / "game.tw-pddl").write_text((trial / "game.tw-pddl").read_text()[:5000])
+    e = AlfWorldEnv()
+    try:
+        with pytest.raises(ValueError, match="broken/trial_0/game.tw-pddl is not a readable ALFWorld game"):
+            e.reset(_task(trial / "game.tw-pddl"))
+        assert e.reset(_task(files[0])).text and e.step(e.expert_action()).info["valid"]
+    finally:
+        e.close()
+    with pytest.raises(EnvError, match="closed"):
+        e.reset(_task(files[0]))

@@ -186,3 +186,14 @@ def test_missing_java_is_named(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(MissingDependency, match="Java 11\\+: install default-jre-headless"):
         ScienceWorldEnv().reset(sw_task("boil"))
+
+
+def test_menu_answers_that_are_no_menu_number_are_invalid_not_a_crash(env):
+    "With a menu open, '²' (a digit to Python, int() refuses it) and 5,000 nines are text the engine rejects; '٣' is option 3."
+    task = sw_task("find-non-living-thing", simplifications="")
+    for answer in ["²", "9" * 5000, "-1", "\ud800", "٣"]:
+        env.reset(task)
+        menu = env.step("open door").info["menu"]
+        s = env.step(answer)
+        if answer == "٣": assert s.info["valid"] and s.info["resolved_action"] == menu[3]
+        else: assert s.info["valid"] is False and "menu" not in s.info, answer[:10]

@@ -72,3 +72,23 @@ def test_closed_env_raises_env_error():
     e.close()
     with pytest.raises(EnvError):
         e.reset(twx_task("coin", 0))
+
+
+def test_killed_jvm_heals_at_next_reset():
+    "A JVM SIGKILLed mid-episode fails the step with EnvError; the next reset starts a new JVM and the env plays on."
+    from labmod.envs.core import EnvError
+    e = TextWorldExpressEnv()
+    try:
+        task = twx_task("coin", 2)
+        e.reset(task); e.step(e.expert_action())
+        jvm = e._sim._gateway.java_process
+        jvm.kill(); jvm.wait()
+        with pytest.raises(EnvError, match="JVM died"):
+            e.step("look around")
+        with pytest.raises(EnvError, match="reset\\(\\) starts a new one"):
+            e.step("look around")
+        e.reset(task)
+        while (a := e.expert_action()) is not None: s = e.step(a)
+        assert s.info["success"] and e._sim._gateway.java_process.pid != jvm.pid
+    finally:
+        e.close()

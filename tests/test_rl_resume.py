@@ -1,5 +1,6 @@
-"""A GRPO run SIGKILLed mid-way and resumed from its last checkpoint ends with the same weights as an
-uninterrupted run (checkpoints restore weights, optimizer, scheduler, RNG and the task cursor).
+"""A GRPO run SIGKILLed mid-way and resumed from its last checkpoint ends with the same weights and the same logs
+as an uninterrupted run (checkpoints restore weights, optimizer, scheduler, RNG and the task cursor; resume drops
+the rows the killed run logged after its last checkpoint).
 
 Run as a script (`python tests/test_rl_resume.py RUN_DIR STEPS`) it is the training process itself.
 """
@@ -9,6 +10,8 @@ from pathlib import Path
 import torch
 
 STEPS = 8
+CHECKPOINT_EVERY = 3      # so the killed run has logged updates past its last checkpoint, which resume must drop
+TIMING = {"time", "collect_time", "update_time", "tokens_per_s", "wall_time"}   # the only fields allowed to differ
 
 
 def train(run_dir: str, steps: int, lora: bool = False):
@@ -28,7 +31,8 @@ def train(run_dir: str, steps: int, lora: bool = False):
     cfg = GRPOConfig(lr=3e-3, micro_batch_size=4, lr_scheduler="linear", total_steps=steps, num_iterations=2)
     trainer = PolicyTrainer(model, tok, cfg)
     tasks = [Task(f"toy-{i}", "toy", instruction=f"say o {i}:") for i in range(3)]
-    run = RunConfig(steps=steps, groups_per_step=2, dynamic_sampling=True, max_gen_batches=3, checkpoint_every=1, progress=False)
+    run = RunConfig(steps=steps, groups_per_step=2, dynamic_sampling=True, max_gen_batches=3, checkpoint_every=CHECKPOINT_EVERY,
+                    save_trajectories=True, progress=False)
     train_loop(trainer, target_token_collect(model, tok, targets, group_size=4, max_new_tokens=4), tasks, run, store=RunStore(run_dir))
     trainer.save_checkpoint(Path(run_dir) / "final")
     return trainer
@@ -37,6 +41,14 @@ def train(run_dir: str, steps: int, lora: bool = False):
 def _final_weights(run_dir: Path) -> dict:
     from safetensors.torch import load_file
     return load_file(run_dir / "final" / "model.safetensors")
+
+
+def _untimed(rec: dict) -> dict: return {k: v for k, v in rec.items() if k not in TIMING}
+
+
+def _untimed_traj(tr: dict) -> dict:
+    "A trajectory record without its wall-clock fields (`created`, each turn's `timings`)."
+    return {**{k: v for k, v in tr.items() if k != "created"}, "turns": [{k: v for k, v in t.items() if k != "timings"} for t in tr["turns"]]}
 
 
 def _script(run_dir: Path, steps: int):
@@ -49,24 +61,33 @@ def test_sigkill_and_resume_matches_uninterrupted(tmp_path):
     out, _ = full.communicate(timeout=600)
     assert full.returncode == 0, out.decode()[-3000:]
 
+    from labmod.lab.store import RunStore
     killed = _script(tmp_path / "killed", STEPS)
     ck = tmp_path / "killed" / "checkpoints"
     deadline = time.time() + 600
-    while not (ck / "ckpt-000003").exists():       # let it checkpoint a few updates, then kill it mid-run
+    # let it checkpoint (update 3) and log at least one more update, then kill it between checkpoints
+    while not ((ck / "ckpt-000003").exists() and len(RunStore(tmp_path / "killed").metrics()) >= 4):
         assert killed.poll() is None, killed.stdout.read().decode()[-3000:]
         assert time.time() < deadline
-        time.sleep(0.05)
+        time.sleep(0.02)
     killed.send_signal(signal.SIGKILL); killed.wait()
     assert not (tmp_path / "killed" / "final").exists(), "the run finished before it could be killed"
+    logged_when_killed = len(RunStore(tmp_path / "killed").metrics())
     resumed = _script(tmp_path / "killed", STEPS)
     out, _ = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, out.decode()[-3000:]
 
-    from labmod.lab.store import RunStore
     m = RunStore(tmp_path / "full").metrics()
     assert [r["step"] for r in m] == list(range(1, STEPS + 1)) and all("frac_filtered" in r and "kl" not in r for r in m)
     assert all(r["gen_batches"] >= 1 and (r.get("skipped_update") or r["tokens_per_s"] > 0) for r in m)
     assert sum("tokens_per_s" in r for r in m) >= STEPS // 2
+    # the resumed run's logs are the uninterrupted run's: same updates in the same order, same values
+    m2 = RunStore(tmp_path / "killed").metrics()
+    assert logged_when_killed > CHECKPOINT_EVERY and [r["step"] for r in m2] == [r["step"] for r in m]
+    assert [_untimed(r) for r in m2] == [_untimed(r) for r in m]
+    ta, tb = (RunStore(tmp_path / d).read("trajectories") for d in ("full", "killed"))
+    assert ta and {t["metadata"]["update"] for t in ta} <= set(range(1, STEPS + 1))
+    assert [_untimed_traj(t) for t in tb] == [_untimed_traj(t) for t in ta]
     a, b = _final_weights(tmp_path / "full"), _final_weights(tmp_path / "killed")
     assert a.keys() == b.keys()
     for k in a: assert torch.equal(a[k], b[k]), k

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json, os, threading
 from pathlib import Path
 from ..core import Task, Observation, Step
-from .core import Env, MissingDependency, normalize_text, register_env
+from .core import Env, EnvError, MissingDependency, action_text, normalize_text, register_env
 from .alfworld_games import (TASK_TYPES, SPLIT_FOLDERS, split_folder, start_alfred_env, keep_argv,
                                         generate_games, default_root)
 
@@ -37,9 +37,13 @@ class AlfWorldEnv(Env):
         if not game_file or not Path(game_file).is_file():
             raise ValueError(f"task {task.id!r}: config['game_file'] must name an existing game.tw-pddl, got {game_file!r}")
         game_file = str(Path(game_file).resolve())
+        if self._env is None: raise EnvError("ALFWorld env is closed")
         with self._textworld_lock, keep_argv():
             if self._loaded != game_file:
-                self._env.load(game_file)
+                self._loaded = None
+                try: self._env.load(game_file)
+                except (ValueError, KeyError, TypeError) as e:   # json.JSONDecodeError is a ValueError
+                    raise ValueError(f"task {task.id!r}: {game_file} is not a readable ALFWorld game ({type(e).__name__}: {e})") from e
                 self._loaded = game_file
             self._state = self._env.reset()
         self.task, self._steps, self._done = task, 0, False
@@ -49,8 +53,9 @@ class AlfWorldEnv(Env):
         return Observation(text, data=data)
 
     def step(self, action: str) -> Step:
+        if self._env is None: raise EnvError("ALFWorld env is closed")
         if self.task is None: raise RuntimeError("call reset(task) before step()")
-        act = " ".join(str(action or "").lower().split())
+        act = " ".join(action_text(action).lower().split())
         valid = act in self._state["admissible_commands"]
         with self._textworld_lock:
             self._state, _, _ = self._env.step(act)

@@ -8,10 +8,12 @@ import importlib, re, string
 from abc import ABC, abstractmethod
 from typing import Callable
 from ..core import Task, Observation, Step
+from ..lab.store import without_surrogates
 
 # %% auto #0
 __all__ = ['ENV_MODULES', 'EnvError', 'MissingDependency', 'Env', 'EnvWrapper', 'normalize_text', 'sort_item_lines',
-           'register_env', 'make_env', 'list_tasks', 'env_names', 'SharedEnvs', 'env_factory', 'RoutingEnv']
+           'action_text', 'register_env', 'make_env', 'list_tasks', 'env_names', 'SharedEnvs', 'env_factory',
+           'RoutingEnv']
 
 # %% ../../nbs/10_envs.ipynb #4d3424a6
 class EnvError(RuntimeError):
@@ -69,6 +71,11 @@ def sort_item_lines(text: str, is_item: Callable[[str], bool] = lambda l: l[:1] 
         out.extend(sorted(run)); run = []; out.append(line)
     out.extend(sorted(run))
     return "\n".join(out)
+
+# %% ../../nbs/10_envs.ipynb #2758ae0a
+def action_text(action) -> str:
+    "The action as an env reads it: a string ('' for anything else), lone surrogates replaced by U+FFFD."
+    return without_surrogates(action) if isinstance(action, str) else ""
 
 # %% ../../nbs/10_envs.ipynb #f6ca65ec
 ENV_MODULES = {

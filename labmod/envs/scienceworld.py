@@ -8,12 +8,12 @@ import json, re, shutil, subprocess
 from functools import lru_cache
 from pathlib import Path
 from ..core import Task, Observation, Step
-from .core import Env, EnvError, MissingDependency, normalize_text, sort_item_lines, register_env
+from .core import Env, EnvError, MissingDependency, action_text, normalize_text, sort_item_lines, register_env
 
 # %% auto #0
 __all__ = ['SPLITS', 'task_names', 'check_task_name', 'java_major_version', 'require_java', 'sort_inline_lists',
-           'normalize_scienceworld', 'variation_splits', 'list_scienceworld_tasks', 'parse_menu', 'ScienceWorldEnv',
-           'benchmark_step_rates']
+           'normalize_scienceworld', 'variation_splits', 'list_scienceworld_tasks', 'menu_number', 'parse_menu',
+           'ScienceWorldEnv', 'benchmark_step_rates']
 
 # %% ../../nbs/11_scienceworld.ipynb #4efcdd28
 def task_names() -> list[str]:
@@ -153,6 +153,10 @@ _INVALID_PREFIXES = ("No known action matches that input", "Unknown action.")
 def _is_invalid(obs: str) -> bool:
     return obs.startswith(_INVALID_PREFIXES) or obs.startswith("ERROR")
 
+def menu_number(action: str) -> int | None:
+    "`action` as a menu number: at most four decimal digits ('²' is a digit to `isdigit` but no number; int() refuses 5,000 digits)."
+    return int(action) if action.isdecimal() and len(action) <= 4 else None
+
 def parse_menu(obs: str) -> list[str] | None:
     "The options of an ambiguity menu in their current numbering, or None if `obs` is not a menu."
     if not obs.startswith("Ambiguous request"): return None
@@ -163,8 +167,8 @@ class ScienceWorldEnv(Env):
     "ScienceWorld through the fast engine step; one JVM, started on the first reset and reused."
     name = "scienceworld"
 
-    def __init__(self, step_limit: int = 100, simplifications: str = "easy", fresh_jvm_per_reset: bool = False):
-        if step_limit < 1: raise ValueError(f"step_limit must be >= 1, got {step_limit}")
+    def __init__(self, step_limit: int | None = None, simplifications: str = "easy", fresh_jvm_per_reset: bool = False):
+        if step_limit is not None and step_limit < 1: raise ValueError(f"step_limit must be >= 1 (or None: sized from the gold path), got {step_limit}")
         self.step_limit, self.simplifications = step_limit, simplifications
         self.fresh_jvm_per_reset = fresh_jvm_per_reset
         self._sw = None          # the package's ScienceWorldEnv: owns the JVM and the py4j gateway
@@ -175,7 +179,8 @@ class ScienceWorldEnv(Env):
         if self._sw is None:
             require_java()
             from scienceworld import ScienceWorldEnv as _SW
-            try: self._sw = _SW("", envStepLimit=self.step_limit)
+            # the package's limit only binds its own `step`, which the adapter does not use
+            try: self._sw = _SW("", envStepLimit=self.step_limit or 10**9)
             except Exception as e: raise EnvError(f"could not start the ScienceWorld JVM: {e}") from e
         return self._sw
 
@@ -210,6 +215,7 @@ class ScienceWorldEnv(Env):
             raise ValueError(f"task {name!r} has variations 0..{n_var - 1}, got {variation}")
         self._call(sw.load, name, variation, simpl, True)
         self._gold = list(self._call(sw.get_gold_action_sequence))
+        self._limit = self.step_limit or max(100, 2 * len(self._gold))
         self._task, self._variation, self._simpl = name, variation, simpl
         # the package's reset makes this same first move; it takes no game time
         text = self._call(sw.server.step, "look around")
@@ -219,14 +225,14 @@ class ScienceWorldEnv(Env):
         self._last_text = text
         self._cache = {}
         data = {"task": name, "variation": variation, "simplifications": simpl, "score": self._score,
-                "gold_length": len(self._gold)}
+                "gold_length": len(self._gold), "step_limit": self._limit}
         if task.instruction is None: data["instruction"] = self._call(sw.get_task_description)
         return Observation(text=text, data=data)
 
     def _translate(self, action: str) -> tuple[str, str]:
         "(what to send to the engine, the replayable action string) for `action` in the current state."
         if not self._menu: return action, action
-        if action.isdigit() and int(action) < len(self._menu): return action, self._menu[int(action)]
+        if (k := menu_number(action)) is not None and k < len(self._menu): return str(k), self._menu[k]
         wanted = normalize_text(action)
         for i, option in enumerate(self._menu):
             if normalize_text(option) == wanted: return str(i), option
@@ -236,7 +242,7 @@ class ScienceWorldEnv(Env):
         "The next gold action as a replayable string (a menu number becomes the option text)."
         if not self._on_gold or self._gold_idx >= len(self._gold): return None
         g = self._gold[self._gold_idx]
-        if self._menu and g.isdigit() and int(g) < len(self._menu): return self._menu[int(g)]
+        if self._menu and (k := menu_number(g)) is not None and k < len(self._menu): return self._menu[k]
         return g
 
     def step(self, action: str) -> Step:
@@ -245,8 +251,9 @@ class ScienceWorldEnv(Env):
             return Step(Observation(self._last_text), 0.0, True,
                         {"score": self._score, "success": self._score >= 100, "valid": False,
                          "expert_action": None, "resolved_action": action, "note": "episode already over"})
-        # a malformed model output (not a string, several lines) is an action the engine will reject
-        action = action.strip().splitlines()[0].strip() if isinstance(action, str) and action.strip() else ""
+        # a malformed model output (not a string, several lines, lone surrogates) is an action the engine rejects
+        action = action_text(action).strip()
+        action = action.splitlines()[0].strip() if action else ""
         send, resolved = self._translate(action)
         gold = self._gold_now()
         sw = self._sw
@@ -257,7 +264,7 @@ class ScienceWorldEnv(Env):
         self._steps += 1
         reward = max(0, score - self._score) / 100
         self._score = score
-        truncated = not completed and score >= 0 and (moves > self.step_limit or self._steps >= self.step_limit)
+        truncated = not completed and score >= 0 and (moves > self._limit or self._steps >= self._limit)
         done = completed or score < 0 or truncated
         if self._on_gold:
             if gold is not None and normalize_text(resolved) == normalize_text(gold): self._gold_idx += 1

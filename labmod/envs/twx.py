@@ -6,7 +6,7 @@
 from __future__ import annotations
 import functools, json, shutil
 from ..core import Task, Observation, Step
-from .core import Env, EnvError, MissingDependency, normalize_text, register_env
+from .core import Env, EnvError, MissingDependency, action_text, normalize_text, register_env
 
 # %% auto #0
 __all__ = ['TWX_GAMES', 'DEFAULT_PARAMS', 'SPLITS', 'TextWorldExpressEnv', 'seed_folds', 'twx_task', 'list_twx_tasks']
@@ -49,6 +49,7 @@ class TextWorldExpressEnv(Env):
     def __init__(self, step_limit: int = 50):
         self.step_limit = step_limit
         self._sim = _start_simulator(step_limit)
+        self._closed = False
         self._loaded: tuple[str, str] | None = None
         self.task: Task | None = None
         self._valid: list[str] = []
@@ -59,12 +60,23 @@ class TextWorldExpressEnv(Env):
 
     def _call(self, method: str, *args, server: bool = False):
         "Run a simulator method (or, `server=True`, a method of its Java side); a py4j failure (JVM gone) becomes EnvError."
-        if self._sim is None: raise EnvError("TextWorld-Express env is closed")
+        if self._sim is None:
+            raise EnvError("TextWorld-Express env is closed" if self._closed else
+                           "TextWorld-Express lost its JVM in an earlier call; reset() starts a new one")
         try: return getattr(self._sim.server if server else self._sim, method)(*args)
         except _py4j_errors() as e:
             if type(e).__name__ == "Py4JJavaError":  # a Java exception: the JVM is alive, the request was bad
                 raise ValueError(f"TextWorld-Express rejected the request: {e}") from e
-            raise EnvError(f"TextWorld-Express JVM failed: {e}") from e
+            proc = getattr(self._sim._gateway, "java_process", None)
+            cause = f"died (exit code {proc.returncode})" if proc is not None and proc.poll() is not None else f"call failed ({e})"
+            self._drop_simulator()
+            raise EnvError(f"TextWorld-Express JVM {cause}; reset() starts a new one") from e
+
+    def _drop_simulator(self):
+        "Let go of a failed simulator: the next reset starts a fresh JVM (and reloads the game)."
+        sim, self._sim, self._loaded, self.task = self._sim, None, None, None
+        try: sim.close()
+        except Exception: pass   # the JVM is already gone
 
     def reset(self, task: Task) -> Observation:
         cfg = task.config
@@ -72,6 +84,7 @@ class TextWorldExpressEnv(Env):
         _check_game(game)
         if not isinstance(seed, int): raise ValueError(f"task {task.id!r}: config['seed'] must be an int, got {seed!r}")
         params = cfg.get("params", DEFAULT_PARAMS[game])
+        if self._sim is None and not self._closed: self._sim = _start_simulator(self.step_limit)   # heal after a dead JVM
         if self._loaded != (game, params):
             try: self._call("load", game, params)
             except ValueError as e: raise ValueError(f"task {task.id!r}: bad TextWorld-Express params {params!r} for {game}: {e}") from e
@@ -86,8 +99,10 @@ class TextWorldExpressEnv(Env):
         return Observation(infos["observation"], data=data)
 
     def step(self, action: str) -> Step:
-        if self.task is None: raise RuntimeError("call reset(task) before step()")
-        act = " ".join(str(action).lower().split())
+        if self.task is None:
+            if self._sim is None: self._call("step")   # raises the EnvError that says why (closed, or the JVM was lost)
+            raise RuntimeError("call reset(task) before step()")
+        act = " ".join(action_text(action).lower().split())
         valid = act in self._valid
         # the Java side directly: the package's `step` adds a second JVM round trip per step (task description)
         # and an ever-growing run history, neither of which the adapter uses
@@ -125,10 +140,9 @@ class TextWorldExpressEnv(Env):
         return normalize_text(text)
 
     def close(self) -> None:
-        sim, self._sim = self._sim, None
-        if sim is not None:
-            try: sim.close()
-            except Exception: pass  # the JVM is already gone
+        "Stop the JVM for good (a later reset raises EnvError)."
+        self._closed = True
+        if self._sim is not None: self._drop_simulator()
 
 # %% ../../nbs/14_twx.ipynb #4fdcda40
 @functools.lru_cache(maxsize=1)

@@ -4,13 +4,24 @@
 
 # %% ../../nbs/02_store.ipynb #821f8a3e
 from __future__ import annotations
-import json, os, time
+import json, os, re, time
 from pathlib import Path
 from typing import Iterable, Iterator
 from ..core import JsonRecord, Trajectory
 
 # %% auto #0
-__all__ = ['append_jsonl', 'read_jsonl', 'RunStore', 'flatten_trajectory']
+__all__ = ['without_surrogates', 'append_jsonl', 'read_jsonl', 'RunStore', 'flatten_trajectory']
+
+# %% ../../nbs/02_store.ipynb #f9a30e87
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+def without_surrogates(text: str) -> str:
+    "`text` with every lone surrogate (a code point no UTF-8 encoder accepts) replaced by U+FFFD."
+    return text if text.isascii() else _SURROGATE.sub("\ufffd", text)
+
+def _jsonl_bytes(records: Iterable[dict]) -> bytes:
+    "Records as UTF-8 JSONL (lone surrogates, in keys or values, become U+FFFD)."
+    return "".join(without_surrogates(json.dumps(r, ensure_ascii=False)) + "\n" for r in records).encode()
 
 # %% ../../nbs/02_store.ipynb #0a90f037
 def _repair_tail(path: Path) -> int:
@@ -35,7 +46,7 @@ def append_jsonl(path: Path | str, records: Iterable[dict]) -> int:
     "Append records as one durable batch (single write, flush, fsync); returns the count written."
     path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
     _repair_tail(path)
-    data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode()
+    data = _jsonl_bytes(records)
     if not data: return 0
     with open(path, "ab") as f:
         f.write(data); f.flush(); os.fsync(f.fileno())
@@ -102,7 +113,7 @@ def _truncate(self, kind: str, keep) -> int:
     if len(kept) == len(rows): return 0
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
-        f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept).encode()); f.flush(); os.fsync(f.fileno())
+        f.write(_jsonl_bytes(kept)); f.flush(); os.fsync(f.fileno())
     os.replace(tmp, path)
     return len(rows) - len(kept)
 RunStore.truncate = _truncate

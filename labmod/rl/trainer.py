@@ -4,7 +4,7 @@
 
 # %% ../../nbs/33_rl_trainer.ipynb #9235d1e6
 from __future__ import annotations
-import json, math, os, random, shutil, time
+import json, math, os, pickle, random, re, shutil, time
 from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
@@ -21,12 +21,17 @@ __all__ = ['seed_everything', 'is_peft', 'latest_checkpoint', 'PolicyTrainer', '
 
 # %% ../../nbs/33_rl_trainer.ipynb #66237d07
 def _rng_state() -> dict:
-    st = dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state())
+    "Python, NumPy and torch RNG states as tensors and plain containers (loadable with `weights_only=True`)."
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    st = dict(python=random.getstate(), numpy=dict(name=name, keys=keys.tolist(), pos=int(pos), has_gauss=int(has_gauss),
+                                                   cached_gaussian=float(cached)), torch=torch.get_rng_state())
     if torch.cuda.is_available(): st["cuda"] = torch.cuda.get_rng_state_all()
     return st
 
 def _set_rng_state(st: dict):
-    random.setstate(st["python"]); np.random.set_state(st["numpy"]); torch.set_rng_state(st["torch"])
+    n = st["numpy"]
+    random.setstate(st["python"]); torch.set_rng_state(st["torch"])
+    np.random.set_state((n["name"], np.array(n["keys"], dtype=np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
     if "cuda" in st and torch.cuda.is_available(): torch.cuda.set_rng_state_all(st["cuda"])
 
 def seed_everything(seed: int):
@@ -35,11 +40,24 @@ def seed_everything(seed: int):
 
 def is_peft(model) -> bool: return hasattr(getattr(model, "module", model), "peft_config")
 
+# %% ../../nbs/33_rl_trainer.ipynb #26ce2129
+_CKPT = re.compile(r"ckpt-(\d+)")
+_STALE = re.compile(r"ckpt-\d+\.(tmp|old)")
+
 def latest_checkpoint(root: Path | str) -> Path | None:
-    "The newest complete checkpoint under `root` (written atomically), or None."
+    "The complete checkpoint `ckpt-<step>` with the highest step under `root`, or None (a killed save's `.tmp` never counts)."
     root = Path(root)
-    cks = sorted(p for p in root.glob("ckpt-*") if (p / "trainer_state.json").exists()) if root.exists() else []
-    return cks[-1] if cks else None
+    if not root.is_dir(): return None
+    cks = [(int(m.group(1)), p) for p in root.iterdir() if (m := _CKPT.fullmatch(p.name)) and (p / "trainer_state.json").is_file()]
+    return max(cks)[1] if cks else None
+
+def _load_data(path: Path):
+    "A `torch.save`d file of tensors and plain containers; anything whose unpickling would call code is refused."
+    try: return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise ValueError(f"{path}: refused to load: it holds more than tensors and plain containers (not a checkpoint "
+                         f"of this labmod: older ones pickled NumPy's RNG state; or tampered with); torch says: "
+                         f"{str(e).splitlines()[0]}") from None
 
 # %% ../../nbs/33_rl_trainer.ipynb #e45ca531
 class PolicyTrainer:
@@ -151,18 +169,19 @@ class PolicyTrainer:
         dir = Path(dir)
         if self.accelerator is not None and not self.accelerator.is_main_process:
             self.accelerator.wait_for_everyone(); return dir
-        tmp = dir.with_name(dir.name + ".tmp"); shutil.rmtree(tmp, ignore_errors=True); tmp.mkdir(parents=True)
+        tmp, old = dir.with_name(dir.name + ".tmp"), dir.with_name(dir.name + ".old")
+        for p in [tmp, old, *(p for p in dir.parent.glob("ckpt-*") if _STALE.fullmatch(p.name))]:
+            shutil.rmtree(p, ignore_errors=True)   # what killed saves left behind
+        tmp.mkdir(parents=True)
         m = self.unwrapped
-        if is_peft(m):
-            from peft import get_peft_model_state_dict
-            torch.save(get_peft_model_state_dict(m), tmp / "adapter_state.pt")
-            m.save_pretrained(tmp / "adapter")           # loadable with PeftModel.from_pretrained
+        if is_peft(m): m.save_pretrained(tmp / "adapter")   # safetensors; loadable with PeftModel.from_pretrained
         else: save_model(m, str(tmp / "model.safetensors"))
         torch.save(dict(optimizer=self.optimizer.state_dict(), scheduler=self.scheduler.state_dict(),
                         rng=_rng_state(), extra=self.extra_state()), tmp / "state.pt")
         (tmp / "trainer_state.json").write_text(json.dumps(dict(step=self.step, optimizer_steps=self.optimizer_steps,
                                                                 state=self.state, config=asdict(self.cfg)), default=str))
-        shutil.rmtree(dir, ignore_errors=True); os.replace(tmp, dir)
+        if dir.exists(): os.replace(dir, old)   # a kill from here on leaves the old copy (.old) and the new one (.tmp)
+        os.replace(tmp, dir); shutil.rmtree(old, ignore_errors=True)
         if self.accelerator is not None: self.accelerator.wait_for_everyone()
         return dir
 
@@ -170,18 +189,18 @@ class PolicyTrainer:
     def load_extra_state(self, st: dict): pass
 
     def load_checkpoint(self, dir: Path | str):
-        "Restore everything `save_checkpoint` wrote."
-        from safetensors.torch import load_model
+        "Restore everything `save_checkpoint` wrote (data only: safetensors, JSON, and a `weights_only` state.pt)."
+        from safetensors.torch import load_file, load_model
         dir = Path(dir)
+        st = _load_data(dir / "state.pt")        # read (and vet) everything before the trainer changes at all
+        ts = json.loads((dir / "trainer_state.json").read_text())
         m = self.unwrapped
         if is_peft(m):
             from peft import set_peft_model_state_dict
-            set_peft_model_state_dict(m, torch.load(dir / "adapter_state.pt", map_location="cpu"))
+            set_peft_model_state_dict(m, load_file(dir / "adapter" / "adapter_model.safetensors", device=str(self.device)))
         else: load_model(m, str(dir / "model.safetensors"), device=str(self.device))
-        st = torch.load(dir / "state.pt", map_location="cpu", weights_only=False)
         self.optimizer.load_state_dict(st["optimizer"]); self.scheduler.load_state_dict(st["scheduler"])
         _set_rng_state(st["rng"]); self.load_extra_state(st.get("extra", {}))
-        ts = json.loads((dir / "trainer_state.json").read_text())
         self.step, self.optimizer_steps, self.state = ts["step"], ts["optimizer_steps"], ts["state"]
         return self
 
