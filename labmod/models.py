@@ -196,7 +196,7 @@ class HFLM(LM):
         torch.manual_seed(seed)  # LoRA adapters are initialized randomly
         self.tokenizer = AutoTokenizer.from_pretrained(self.path)
         if self.tokenizer.pad_token_id is None: self.tokenizer.pad_token = self.tokenizer.eos_token
-        model = AutoModelForCausalLM.from_pretrained(self.path, dtype=_resolve_dtype(dtype, self.device))
+        model = AutoModelForCausalLM.from_pretrained(self.path, dtype=_resolve_dtype(dtype, self.device), use_safetensors=True)  # never a pickle
         self.model = (_apply_lora(model, lora) if lora else model).to(self.device)
 
     def generate(self, prompts, max_new_tokens=128, temperature=1.0, top_p=1.0, stop=None, seed=None):
@@ -416,6 +416,10 @@ class VLLMLM(LM):
         self.engine.reset_prefix_cache()
 
 # %% ../nbs/20_models.ipynb #a922306a
+_AUTHORIZATION = re.compile(r"(?i)(authorization[\"']?\s*[:=]\s*[\"']?)[^\"'\r\n,}]+")
+_BEARER = re.compile(r"(?i)(bearer\s+)[^\s\"',}]+")
+_URL_CREDENTIALS = re.compile(r"(//)[^/@\s]+@")
+
 class OpenAILM(LM):
     "A model behind an OpenAI-compatible HTTP endpoint (chat completions), generation only."
     backend = "openai"
@@ -427,20 +431,40 @@ class OpenAILM(LM):
         self.api_key_env = api_key_env or s.openai_api_key_env
         self.timeout, self.max_workers, self.want_logprobs = timeout, max_workers, logprobs
 
+    def redact(self, text: str) -> str:
+        "`text` without the API key (raw, URL-quoted, JSON-escaped), Authorization/Bearer values or URL credentials."
+        from urllib.parse import quote
+        if key := os.environ.get(self.api_key_env):
+            for form in sorted({key, quote(key, safe=""), json.dumps(key)[1:-1]}, key=len, reverse=True):
+                text = text.replace(form, "[REDACTED]")
+        return _URL_CREDENTIALS.sub(r"\1[REDACTED]@", _BEARER.sub(r"\1[REDACTED]", _AUTHORIZATION.sub(r"\1[REDACTED]", text)))
+
+    def _excerpt(self, body: bytes, n: int = 500) -> str:
+        "The first `n` characters of a server's answer, redacted before it is cut (a cut key would survive redaction)."
+        return self.redact(body[:1 << 16].decode(errors="replace"))[:n]
+
     def _post(self, route: str, body: dict) -> dict:
+        "POST `body` as JSON; the answer with its `choices`, or an error (redacted) saying what went wrong."
+        from http.client import HTTPException
         url = f"{self.base_url}/{route}"
         headers = {"Content-Type": "application/json"}
         if key := os.environ.get(self.api_key_env): headers["Authorization"] = f"Bearer {key}"
         req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
+        err = raw = None
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as r: return json.loads(r.read())
+            with urllib.request.urlopen(req, timeout=self.timeout) as r: raw = r.read()
         except urllib.error.HTTPError as e:
-            detail = e.read()[:500].decode(errors="replace")
             hint = f" (is ${self.api_key_env} set?)" if e.code in (401, 403) else ""
-            raise RuntimeError(f"OpenAI-compatible endpoint {url} answered HTTP {e.code}{hint}: {detail}") from None
-        except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
-            raise BackendUnavailable(f"no OpenAI-compatible server reachable at {url} ({getattr(e, 'reason', e)}); start one or set "
-                                     "openai_base_url in settings.ini / LABMOD_OPENAI_BASE_URL") from None
+            err = RuntimeError(f"OpenAI-compatible endpoint {url} answered HTTP {e.code}{hint}: {self._excerpt(e.read())}")
+        except (urllib.error.URLError, HTTPException, ConnectionError, TimeoutError, ValueError) as e:   # also a malformed URL
+            err = BackendUnavailable(f"no OpenAI-compatible server reachable at {url} ({getattr(e, 'reason', e)}); start one or set "
+                                     "openai_base_url in settings.ini / LABMOD_OPENAI_BASE_URL")
+        if err is None:
+            try: out = json.loads(raw); out["choices"][0]; return out
+            except (ValueError, KeyError, IndexError, TypeError):
+                err = RuntimeError(f"OpenAI-compatible endpoint {url} answered without a completion (JSON with 'choices' "
+                                   f"expected): {self._excerpt(raw)}")
+        raise type(err)(self.redact(str(err)))   # raised here, not in an except block: no chained HTTPError
 
     @staticmethod
     def _to_generation(choice: dict, text: str, prompt_ids: list[int]) -> Generation:
@@ -523,5 +547,5 @@ def tiny_causal_lm(tokenizer=None, seed: int = 0, hidden: int = 256, layers: int
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     path = build_tiny_model(_DEMO_CORPUS, seed=seed, hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, use_safetensors=True)
     return model, tokenizer or AutoTokenizer.from_pretrained(path)

@@ -1,6 +1,7 @@
 """labmod.models: tiny model build determinism and reload, batched generation log-probs vs a forward pass,
-SmolLM2 from its package, the OpenAI-compatible backend against a local HTTP server, GPU-only backends' errors."""
-import http.server, json, threading, time
+SmolLM2 from its package, the OpenAI-compatible backend against a local HTTP server (and one that echoes the key),
+GPU-only backends' errors."""
+import http.server, json, threading, time, urllib.parse
 from pathlib import Path
 
 import pytest
@@ -206,3 +207,47 @@ def test_unknown_names_are_clear_errors():
         load_lm("tiny", backend="tgi")
     with pytest.raises(ValueError, match="unknown model"):
         load_lm("not-a-model")
+
+
+class _EchoKeyHandler(http.server.BaseHTTPRequestHandler):
+    "A hostile or careless server: every answer echoes the request's headers (the key with them) in its body."
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        auth = self.headers.get("Authorization", "")
+        key = auth.removeprefix("Bearer ")
+        echo = {"error": {"message": f"invalid api key {key}; url-quoted {urllib.parse.quote(key, safe='')}",
+                          "headers": dict(self.headers)}}
+        pad = "x" * (485 - len("invalid api key "))   # the key straddles the 500-character excerpt's end
+        bodies = {"/v1/chat/completions": (401, json.dumps(echo)),
+                  "/v1/completions": (200, f"<html>{auth} not json</html>"),
+                  "/v1/long/chat/completions": (500, f"invalid api key {pad}{key}")}
+        code, body = bodies.get(self.path, (404, json.dumps(echo)))
+        data = body.encode()
+        self.send_response(code); self.send_header("Content-Length", str(len(data))); self.end_headers(); self.wfile.write(data)
+
+    def log_message(self, *a): pass
+
+
+def test_openai_errors_never_carry_the_key(monkeypatch):
+    "Whatever the server echoes (key raw, URL-quoted, in headers, cut at the excerpt's end), no error the backend raises holds it."
+    import traceback
+    key = "sk-TEST+/=key-0123456789abcdef"
+    monkeypatch.setenv("LM_ECHO_API_KEY", key)
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _EchoKeyHandler)
+    th = threading.Thread(target=srv.serve_forever, daemon=True); th.start()
+    base = f"http://127.0.0.1:{srv.server_address[1]}/v1"
+    try:
+        calls = [(load_lm("m", backend="openai", base_url=base, api_key_env="LM_ECHO_API_KEY"), "chat", "HTTP 401"),
+                 (load_lm("m", backend="openai", base_url=base, api_key_env="LM_ECHO_API_KEY"), "generate", "without a completion"),
+                 (load_lm("m", backend="openai", base_url=base + "/long", api_key_env="LM_ECHO_API_KEY"), "chat", "HTTP 500")]
+        for lm, method, what in calls:
+            with pytest.raises(RuntimeError, match=what) as err:
+                if method == "chat": lm.chat([[{"role": "user", "content": "hi"}]])
+                else: lm.generate(["hi"])
+            shown = str(err.value) + repr(err.value) + "".join(traceback.format_exception(err.value))
+            assert "[REDACTED]" in str(err.value), str(err.value)
+            for secret in (key, urllib.parse.quote(key, safe=""), key[:12], "Bearer sk-"):
+                assert secret not in shown, (method, what, shown)
+            assert err.value.__context__ is None and err.value.__cause__ is None
+    finally:
+        srv.shutdown(); srv.server_close()

@@ -77,6 +77,7 @@ class WarmStart:
     batch_size: int = 8
     max_grad_norm: float | None = 1.0
     max_turns: int | None = None    # demonstration length (None: the run's max_turns)
+    n_envs: int | None = None       # env slots playing the demonstrations (None: the run's n_envs)
     def __post_init__(self):
         if self.source not in WARM_SOURCES: raise ValueError(f"WarmStart.source must be one of {WARM_SOURCES}, got {self.source!r}")
 
