@@ -1,10 +1,10 @@
-"State2State data side on real envs: parallel exploration, dataset building, independent replay checks, the verifier."
+"State2State data side on real envs: exploration through the rollout engine, dataset building, independent replay checks, the verifier."
 import json
 import shutil
 import pytest
-from labmod.envs.core import list_tasks, make_env
-from labmod.s2s.explore import (ExplorationStep, ExplorationTrajectory, RandomExplorer, exploration_env_kwargs, explore,
-                            open_exploration_pool)
+from labmod.core import Observation, Trajectory, Turn
+from labmod.envs.core import SharedEnvs, list_tasks, make_env
+from labmod.s2s.explore import ExploreConfig, RandomExplorer, exploration_envs, explore, trajectory_prefix
 from labmod.s2s.tasks import (ENV_BLACKLISTS, Candidate, S2SBuildConfig, build_s2s_dataset, collect_candidates,
                               dedupe_candidates, reject_reason, source_task, tasks_from_hf)
 from labmod.s2s.verify import FuzzyStateMatcher, StateReachingEnv
@@ -16,26 +16,39 @@ STEPS = 60
 def twx_run(tmp_path_factory):
     tasks = list_tasks("textworld_express", games=["cookingworld", "twc", "coin"], n_per_game=2)
     out = tmp_path_factory.mktemp("s2s")
-    with open_exploration_pool("textworld_express", 2, exploration_env_kwargs("textworld_express", STEPS)) as pool:
-        trajs = explore("textworld_express", tasks, RandomExplorer(), steps_per_episode=STEPS, episodes_per_task=2,
-                        pool=pool, seed=7, progress=False)
-        again = explore("textworld_express", tasks[:3], RandomExplorer(), steps_per_episode=STEPS, episodes_per_task=2,
-                        pool=pool, seed=7, progress=False)
-        cfg = S2SBuildConfig(n_targets=30, val_size=0.1, seed=7, out_dir=str(out))
-        ds = build_s2s_dataset("textworld_express", trajs, cfg, pool=pool, progress=False)
+    with SharedEnvs() as shared:
+        make = exploration_envs("textworld_express", STEPS, shared=shared)
+        cfg = ExploreConfig(steps_per_episode=STEPS, episodes_per_task=2, seed=7, progress=False)
+        trajs = explore("textworld_express", tasks, RandomExplorer(), cfg, envs=make)
+        again = explore("textworld_express", tasks[:3], RandomExplorer(), cfg, envs=make)
+        ds = build_s2s_dataset("textworld_express", trajs, S2SBuildConfig(n_targets=30, val_size=0.1, seed=7, out_dir=str(out)),
+                               envs=make, progress=False)
     return tasks, trajs, again, ds, out
 
 
-def test_exploration_is_parallel_deterministic_and_has_provenance(twx_run):
+def actions(t): return [u.action for u in t.turns]
+
+
+def content(t):
+    "What an episode did, without its timings."
+    return {k: v for k, v in t.metadata.items() if k != "seconds"}, [(u.action, u.obs.text, u.reward, u.done) for u in t.turns]
+
+
+def test_exploration_is_deterministic_and_has_provenance(twx_run):
     tasks, trajs, again, _, _ = twx_run
     assert len(trajs) == 2 * len(tasks)
-    assert [t.to_dict() | {"metadata": {}} for t in again] == [t.to_dict() | {"metadata": {}} for t in trajs[:6]]
+    # same seed, same episodes (also when fewer tasks run: an episode's choices do not depend on the others)
+    assert [content(t) for t in again] == [content(t) for t in trajs[:6]]
     t = trajs[0]
-    assert t.env == "textworld_express" and t.task_id == tasks[0].id and t.task_config == tasks[0].config
-    assert t.strategy == "random" and isinstance(t.seed, int) and t.episode == 0 and trajs[1].episode == 1
-    assert trajs[0].actions != trajs[1].actions  # two episodes of one task differ
-    assert all(s.step == i + 1 and s.action and isinstance(s.obs, str) for i, s in enumerate(t.steps))
-    assert sum(len(t.steps) for t in trajs) > 100
+    assert t.task == tasks[0] and t.metadata["id"] == f"{tasks[0].id}#ep0" and trajs[1].metadata["id"] == f"{tasks[0].id}#ep1"
+    assert t.metadata["strategy"] == "random" and t.metadata["seed"] == 7 and t.metadata["episode"] == 0 and trajs[1].metadata["episode"] == 1
+    assert t.metadata["stopped"] in ("done", "steps", "no valid actions") and t.metadata["fallbacks"] == 0
+    assert actions(trajs[0]) != actions(trajs[1])  # two episodes of one task differ
+    assert all(u.action and isinstance(u.obs.text, str) for u in t.turns)
+    assert sum(len(t.turns) for t in trajs) > 100
+    # another seed explores differently
+    other = explore("textworld_express", tasks[:1], RandomExplorer(), ExploreConfig(steps_per_episode=STEPS, seed=8, progress=False))
+    assert actions(other[0]) != actions(trajs[0])
 
 
 def test_every_kept_target_is_reproduced_by_an_independent_replay(twx_run):
@@ -61,14 +74,14 @@ def test_filters_drop_error_texts(twx_run):
     assert reject_reason("-= Welcome to TextWorld, ALFRED! =-", ENV_BLACKLISTS["alfworld"])
     assert all(reject_reason(t.target, bl) is None for t in ds.tasks)
     # an error text in a real trajectory is rejected: splice TWX's real invalid-action feedback into one
-    src = next(t for t in trajs if len(t.steps) >= 12)
+    src = next(t for t in trajs if len(t.turns) >= 12)
     env = make_env("textworld_express")
     try:
-        env.reset(src.task()); bad = env.step("fly to the moon").obs.text
+        env.reset(src.task); bad = env.step("fly to the moon").obs.text
     finally:
         env.close()
-    t = ExplorationTrajectory.from_dict(src.to_dict())
-    t.steps[11] = ExplorationStep(12, "fly to the moon", bad)
+    t = Trajectory.from_dict(src.to_dict())
+    t.turns[11] = Turn(None, "fly to the moon", "fly to the moon", obs=Observation(bad))
     cands, rejected = collect_candidates([t], lambda xs: [x.lower() for x in xs], S2SBuildConfig(), "textworld_express")
     assert rejected["blacklist"] >= 1 and all(c.step != 12 for c in cands)
 
@@ -83,13 +96,15 @@ def test_dedupe_scopes():
 
 
 def test_dataset_export_and_stats(twx_run):
-    _, _, _, ds, out = twx_run
+    _, trajs, _, ds, out = twx_run
     import datasets
     hf = datasets.load_from_disk(str(out / "dataset"))
     assert {"id", "env", "initial_config", "task_target_state", "provenance"} <= set(hf.column_names)
     assert [t.to_dict() for t in tasks_from_hf(hf)] == [t.to_dict() for t in ds.tasks]
     prov = json.loads(hf[0]["provenance"])
     assert {"source_task_id", "source_step", "prefix_actions", "verb", "seed", "strategy"} <= set(prov)
+    src = next(t for t in trajs if t.metadata["id"] == prov["source_trajectory"])
+    assert prov["prefix_actions"] == trajectory_prefix(src, prov["source_step"]) and prov["source_task_id"] == src.task.id
     st = ds.stats
     assert st["n_tasks"] == len(ds.tasks) and sum(st["by_verb"].values()) == st["n_tasks"]
     assert set(st["by_family"]) <= {"cookingworld", "twc", "coin"} and 0 < st["unique_ratio"] <= 1
@@ -127,12 +142,14 @@ def test_fuzzy_matcher_scores_structure():
 def test_scienceworld_exploration_builds_replayable_targets():
     # ScienceWorld's valid-action list costs ~0.1-0.3 s a step: keep the episodes short
     tasks = list_tasks("scienceworld", tasks=["find-living-thing", "test-conductivity"], limit=1)
-    with open_exploration_pool("scienceworld", 2, exploration_env_kwargs("scienceworld", 12)) as pool:
-        trajs = explore("scienceworld", tasks, RandomExplorer(two_phase=True), steps_per_episode=12, pool=pool,
-                        seed=3, progress=False)
-        cfg = S2SBuildConfig(n_targets=5, min_step=4, val_size=0, seed=3)
-        ds = build_s2s_dataset("scienceworld", trajs, cfg, pool=pool, progress=False)
-    assert all("focus on" not in a for t in trajs for a in t.actions)   # a wrong focus would end the episode
+    with SharedEnvs() as shared:
+        make = exploration_envs("scienceworld", 12, shared=shared)
+        trajs = explore("scienceworld", tasks, RandomExplorer(two_phase=True), ExploreConfig(steps_per_episode=12, seed=3, progress=False),
+                        envs=make)
+        ds = build_s2s_dataset("scienceworld", trajs, S2SBuildConfig(n_targets=5, min_step=4, val_size=0, seed=3), envs=make,
+                               progress=False)
+    assert all("focus on" not in a for t in trajs for a in actions(t))   # a wrong focus would end the episode
+    assert all(t.metadata["strategy"] == "random-two-phase" for t in trajs)
     assert len(ds.tasks) >= 3 and ds.stats["funnel"]["replay_checked"] >= len(ds.tasks)
     env = make_env("scienceworld", step_limit=1000)
     try:

@@ -5,14 +5,16 @@
 # %% auto #0
 __all__ = []
 
-# %% ../../nbs/49_s2s.ipynb #d501bb72
+# %% ../../nbs/49_s2s.ipynb #6747a19e
 from ..core import lazy_exports
 
 _NAMES = {
-    **dict.fromkeys(['RandomExplorer', 'LLMExplorer', 'explore'], 'labmod.s2s.explore'),
-    **dict.fromkeys(['S2SBuildConfig', 'S2SDataset', 'build_s2s_dataset'], 'labmod.s2s.tasks'),
-    **dict.fromkeys(['StateReachingEnv', 'FuzzyStateMatcher'], 'labmod.s2s.verify'),
-    **dict.fromkeys(['PipelineConfig', 'run_pipeline', 'build_state_reaching_tasks'], 'labmod.s2s.pipeline'),
+    **dict.fromkeys(['RandomExplorer', 'LLMExplorer', 'ExploreConfig', 'explore', 'exploration_envs', 'fallback_rate',
+                     'load_explorations'], 'labmod.s2s.explore'),
+    **dict.fromkeys(['S2SBuildConfig', 'S2SDataset', 'build_s2s_dataset', 'source_task', 'tasks_from_hf'], 'labmod.s2s.tasks'),
+    **dict.fromkeys(['StateReachingEnv', 'StateReachingFormat', 'STATE_REACHING_FORMAT', 'FuzzyStateMatcher'], 'labmod.s2s.verify'),
+    **dict.fromkeys(['PipelineConfig', 'PipelineTasks', 'HeldOutConfig', 'run_pipeline', 'build_state_reaching_tasks', 'Recipe',
+                     'spread'], 'labmod.s2s.pipeline'),
 }
 __all__ = list(_NAMES)
 __getattr__, __dir__ = lazy_exports(__name__, _NAMES)
