@@ -4,13 +4,13 @@
 
 # %% ../../nbs/01_settings.ipynb #0345c19f
 from __future__ import annotations
-import configparser, importlib.util, os
+import configparser, importlib.util, os, tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 # %% auto #0
 __all__ = ['SETTINGS_KEYS', 'SECTION', 'ENV_PREFIX', 'ENV_RESERVED', 'SettingsError', 'find_settings_file', 'Settings',
-           'load_settings', 'settings']
+           'load_settings', 'settings', 'writable_dir']
 
 # %% ../../nbs/01_settings.ipynb #a2b4f219
 SETTINGS_KEYS: dict[str, type] = {
@@ -43,17 +43,21 @@ def find_settings_file(start: Path | None = None) -> Path:
     raise SettingsError("no settings.ini with a [labmod] section found above "
                         f"{here} or beside the labmod package; set LABMOD_SETTINGS to its path")
 
-# %% ../../nbs/01_settings.ipynb #10a04cfa
+# %% ../../nbs/01_settings.ipynb #7efd3415
 def _parse(key: str, raw: str, root: Path, origin: str):
     kind = SETTINGS_KEYS[key]
     if kind is Path:
-        p = Path(raw).expanduser()
+        if not raw.strip():   # Path("") is the settings folder itself: an empty value would silently mean that
+            fix = f"unset {origin.split()[-1]} or set it to a folder" if origin.startswith("environment") else "set it to a folder"
+            raise SettingsError(f"{key} is empty in {origin}: {fix} (a relative path is relative to {root})")
+        p = Path(raw.strip()).expanduser()
         return p if p.is_absolute() else root / p
     if kind is list:
         try: return [int(s) for s in raw.replace(",", " ").split()]
         except ValueError: raise SettingsError(f"{key} in {origin} must be integers separated by commas, got {raw!r}") from None
     return raw.strip()
 
+# %% ../../nbs/01_settings.ipynb #8f56bb1b
 @dataclass(frozen=True)
 class Settings:
     "Parsed settings; attribute access by key (`settings.runs_dir`)."
@@ -64,6 +68,7 @@ class Settings:
         try: return self.values[key]
         except KeyError: raise AttributeError(key) from None
 
+# %% ../../nbs/01_settings.ipynb #be3c6883
 def load_settings(path: Path | str | None = None, environ: dict | None = None) -> Settings:
     "Read `path` (default: `find_settings_file()`), apply `LABMOD_<KEY>` overrides from `environ`, reject unknown keys."
     path = Path(path) if path else find_settings_file()
@@ -90,3 +95,16 @@ def load_settings(path: Path | str | None = None, environ: dict | None = None) -
 def settings() -> Settings:
     "The settings in force now (re-read each call so overrides set at run time apply)."
     return load_settings()
+
+# %% ../../nbs/01_settings.ipynb #02a34559
+def writable_dir(key: str, s: Settings | None = None) -> Path:
+    "The folder of path setting `key`, created if needed; a `SettingsError` naming the setting if it cannot be written."
+    s = s or settings()
+    path, origin = s.values[key], (s.origins or {}).get(key, str(s.file))
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".labmod-write-check-"): pass
+    except OSError as e:
+        raise SettingsError(f"{key} = {path} (from {origin}) is not writable: {e.strerror or e}; point {key} in {s.file} "
+                            f"or {ENV_PREFIX}{key.upper()} at a folder you can write") from None
+    return path
