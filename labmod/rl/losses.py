@@ -13,7 +13,8 @@ from .config import GRPOConfig, PPOConfig
 from .samples import Sample
 
 # %% auto #0
-__all__ = ['collate', 'token_logprobs', 'first_loss_position', 'ref_logprobs_for', 'grpo_loss', 'ValueHead', 'gae', 'ppo_loss']
+__all__ = ['collate', 'token_logprobs', 'first_loss_position', 'ref_logprobs_for', 'sampler_stats', 'grpo_loss', 'ValueHead',
+           'gae', 'ppo_loss']
 
 # %% ../../nbs/32_rl_losses.ipynb #d08df402
 def collate(samples: Sequence[Sample], pad_id: int = 0, device=None) -> dict:
@@ -69,6 +70,16 @@ def ref_logprobs_for(model, ref_model, batch, temperature: float, start: int):
         with base.disable_adapter():
             return token_logprobs(base, batch["input_ids"], batch["attention_mask"], temperature, start)[0]
 
+def sampler_stats(logp, batch: dict, start: int, mask) -> dict:
+    """How far the trainer's log-probs are from the sampler's (the train/inference mismatch): `logprob_gap`, the mean
+    |trainer - sampler| over loss tokens, and `sampler_kl`, mean(sampler - trainer) (k1 estimate of KL(sampler || trainer)).
+    Only for batches the trainer marks with `sampler_logprobs` (taken before any weight changed)."""
+    lp = batch.get("sampler_logprobs")
+    if lp is None: return {}
+    d = (lp[:, start:] - logp.detach()) * mask
+    n = mask.sum().clamp(min=1.0)
+    return {"logprob_gap": (d.abs().sum() / n).item(), "sampler_kl": (d.sum() / n).item()}
+
 def grpo_loss(model, batch: dict, cfg: GRPOConfig, ref_model=None) -> tuple[torch.Tensor, dict]:
     "Clipped-surrogate (or REINFORCE) loss on agent tokens, with stats: kl, entropy, clip fractions, ratio."
     ids, am, mask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
@@ -103,6 +114,7 @@ def grpo_loss(model, batch: dict, cfg: GRPOConfig, ref_model=None) -> tuple[torc
     else:  # dapo, reinforce: token sum over the window's token count
         n = batch.get("num_items")
         loss = (per_token * mask).sum() / (mask.sum() if n is None else torch.as_tensor(n)).clamp(min=1.0)
+    stats.update(sampler_stats(logp, batch, start, mask))
     stats.update(entropy=_masked_mean(ent, mask).item(), clip_low=_masked_mean(low, mask).item(),
                  clip_high=_masked_mean(high, mask).item(), ratio=_masked_mean(ratio.detach(), mask).item(),
                  loss_tokens=int(mask.sum().item()))
@@ -147,7 +159,7 @@ def ppo_loss(model, value_head: ValueHead, batch: dict, cfg: PPOConfig) -> tuple
     v_clip = old_v + torch.clamp(v - old_v, -cfg.value_clip, cfg.value_clip)
     vf = 0.5 * torch.max((v - ret) ** 2, (v_clip - ret) ** 2).mean()
     loss = pg + cfg.vf_coef * vf
-    stats = dict(pg_loss=pg.item(), vf_loss=vf.item(), value=v.mean().item(), entropy=_masked_mean(ent, mask).item(),
+    stats = dict(**sampler_stats(logp, batch, start, mask), pg_loss=pg.item(), vf_loss=vf.item(), value=v.mean().item(), entropy=_masked_mean(ent, mask).item(),
                  ratio=_masked_mean(ratio.detach(), mask).item(),
                  clip_low=_masked_mean(((ratio < 1 - cfg.epsilon_low) & (adv < 0)).float(), mask).item(),
                  clip_high=_masked_mean(((ratio > 1 + cfg.epsilon_high) & (adv > 0)).float(), mask).item())
