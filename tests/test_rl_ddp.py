@@ -1,9 +1,10 @@
-"""PolicyTrainer under DDP (accelerate, 2 CPU processes, gloo): ranks update on different samples and
-end with identical weights, equal to one process updating on the union of their samples.
+"""DDP on 2 CPU processes (accelerate, gloo). The trainer: ranks update on different samples and end with identical
+weights, equal to one process updating on the union of their samples. The training run: `rl.train` on
+TextWorld-Express with one rank left without any informative group, which must neither deadlock nor diverge.
 
-Run as a script under `torch.distributed.run` it is one rank of that job.
+Run as a script under `torch.distributed.run` it is one rank of those jobs.
 """
-import os, subprocess, sys
+import json, os, subprocess, sys
 from pathlib import Path
 
 import torch
@@ -68,5 +69,57 @@ def test_ddp_two_cpu_processes(tmp_path):
     assert changed
 
 
+def run_training(out_dir: str):
+    """One rank of `rl.train` on TWX coin. Which rank has a learning signal is forced (the test is of the DDP mechanics):
+    rank 1's groups all get reward 0, so dynamic sampling leaves it nothing to train on; on rank 0 the first episode of
+    every group is credited 1 on top of the env's reward, so every group there is informative."""
+    from accelerate import Accelerator
+    from labmod.agent import Agent
+    from labmod.envs.core import list_tasks, make_env
+    from labmod.models import load_lm
+    from labmod.rl import GRPOConfig, RunConfig, RunHooks, RunTasks, WarmStart, train
+    torch.set_num_threads(1)
+    acc = Accelerator(cpu=True)
+
+    class NothingToLearnOnRank1(RunHooks):
+        def groups(self, tasks, groups):
+            for g in groups:
+                if acc.process_index == 1:
+                    for turn in (turn for t in g for turn in t.turns): turn.reward, turn.info["success"] = 0.0, False
+                elif g and g[0].turns: g[0].turns[-1].reward += 1.0
+            return groups
+
+    lm = load_lm("tiny", seed=0)
+    sums, sync = [], lm.sync_weights
+    def checksum_then_sync():   # the run syncs the generation engine after every update: record the weights there
+        sums.append(float(sum(p.detach().double().sum() for p in lm.model.parameters()))); sync()
+    lm.sync_weights = checksum_then_sync
+    agent = Agent(lm, max_new_tokens=16, history_k=0)
+    pool = list_tasks("textworld_express", "train", games=["coin"], n_per_game=48)
+    dev = list_tasks("textworld_express", "dev", games=["coin"], n_per_game=4)
+    cfg = RunConfig(steps=3, groups_per_step=3, group_size=4, max_turns=4, n_envs=1, eval_every=0, eval_temperature=1.0,
+                    max_gen_batches=1, seed=0, progress=False, warm=WarmStart(source="random", epochs=2),
+                    algo=GRPOConfig(lr=5e-4, old_logprobs="sampler", micro_batch_size=4))
+    res = train(agent, lambda: make_env("textworld_express"), RunTasks(pool[8:], dev, warm=pool[:8]), cfg,
+                hooks=NothingToLearnOnRank1(), accelerator=acc)
+    hist = [{k: v for k, v in h.items() if isinstance(v, (int, float, bool))} for h in res["history"]]
+    (Path(out_dir) / f"run{acc.process_index}.json").write_text(json.dumps({"sums": sums, "history": hist, "after": res["after"]}))
+
+
+def test_ddp_run_with_a_rank_without_informative_groups(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29614",
+                           __file__, "run", str(tmp_path)], capture_output=True, text=True, timeout=900, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    r0, r1 = (json.loads((tmp_path / f"run{i}.json").read_text()) for i in (0, 1))
+    assert r0["sums"] == r1["sums"], "the ranks' weights differ after an update"
+    assert len(set(r0["sums"])) > 1, "no update changed the weights"
+    empty = [i for i, (a, b) in enumerate(zip(r0["history"], r1["history"])) if b.get("samples") == 0 and a.get("samples", 0) > 0]
+    assert empty, f"rank 1 never updated on nothing while rank 0 trained: {r0['history']} {r1['history']}"
+    assert r0["after"] == r1["after"], "the ranks read different held-out results"
+    print(f"weights identical after {len(r0['sums'])} syncs; rank 1 trained on nothing in updates {empty}; held-out {r0['after']['success']:.3f}")
+
+
 if __name__ == "__main__":
-    run_rank(sys.argv[1])
+    if sys.argv[1] == "run": run_training(sys.argv[2])
+    else: run_rank(sys.argv[1])

@@ -90,6 +90,16 @@ class PolicyTrainer:
         if self.world_size == 1: return x
         return float(self.accelerator.reduce(torch.tensor(float(x), device=self.device), reduction="sum").item())
 
+    def _all_max(self, xs: list[int]) -> list[int]:
+        "Elementwise maximum of `xs` over the ranks."
+        if self.world_size == 1: return list(xs)
+        g = self.accelerator.gather(torch.tensor(xs, dtype=torch.long, device=self.device))
+        return g.view(self.world_size, -1).max(0).values.tolist()
+
+    def any_rank(self, flag: bool) -> bool:
+        "Whether `flag` holds on any rank (every rank must call it: it is a collective under DDP)."
+        return self._all_sum(float(bool(flag))) > 0
+
     def _micro_batch_size(self, n: int) -> int:
         "Sequences per micro-batch for a window of n samples."
         return math.ceil(n / self.cfg.grad_accum_steps) if self.cfg.grad_accum_steps else self.cfg.micro_batch_size
@@ -109,14 +119,15 @@ class PolicyTrainer:
         "Fill old and reference log-probs before any weight changes."
         for b in batches:
             start = first_loss_position(b["loss_mask"])
+            model = self.unwrapped      # no-grad forwards outside DDP: they take part in no collective
             if self.cfg.old_logprobs == "recompute" or torch.isnan(b["old_logprobs"]).any():
                 if self._needs_old():
-                    self.model.eval()
-                    b["old_logprobs"] = token_logprobs(self.model, b["input_ids"], b["attention_mask"],
+                    model.eval()
+                    b["old_logprobs"] = token_logprobs(model, b["input_ids"], b["attention_mask"],
                                                        self.cfg.temperature, start)[0] * b["loss_mask"]
                 else: b.pop("old_logprobs")       # on-policy: the detached current log-probs are the old ones
             if self.cfg.beta != 0.0 and "ref_logprobs" not in b:
-                b["ref_logprobs"] = ref_logprobs_for(self.model, self.ref_model, b, self.cfg.temperature, start)
+                b["ref_logprobs"] = ref_logprobs_for(model, self.ref_model, b, self.cfg.temperature, start)
 
     def _optimizer_step(self) -> float:
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
@@ -129,20 +140,38 @@ class PolicyTrainer:
         self.optimizer_steps += 1
         return norm
 
+    def _null_batch(self) -> dict:
+        "A micro-batch whose loss is multiplied by 0: it takes part in DDP's collectives and changes nothing."
+        s = Sample([self.pad_id, self.pad_id], [0, 1], [0.0, 0.0], 0.0, meta={"value_pos": 0, "old_value": 0.0, "return": 0.0})
+        b = self._micro_batches([s])[0]; b["null"] = True
+        return b
+
+    def _windows(self, samples: list[Sample]) -> list[list[dict]]:
+        """The update's optimizer-step windows of micro-batches. Under DDP every rank has `mini_batches` windows with as
+        many micro-batches as the fullest rank's (padded with null batches), so every rank runs the same forwards,
+        backwards and collectives even when its share is smaller, or empty."""
+        n = self.cfg.mini_batches if self.world_size > 1 else min(self.cfg.mini_batches, len(samples))
+        parts = np.array_split(np.arange(len(samples)), n)
+        windows = [self._micro_batches([samples[i] for i in part]) if len(part) else [] for part in parts]
+        if self.world_size > 1:
+            most = self._all_max([len(w) for w in windows])
+            windows = [w + [self._null_batch() for _ in range(m - len(w))] for w, m in zip(windows, most)]
+        return windows
+
     def update(self, samples: list[Sample]) -> dict:
-        "One policy update on `samples` (this process's share); returns averaged metrics."
-        if not samples: raise ValueError("PolicyTrainer.update got no samples (all groups filtered?)")
-        t0 = time.perf_counter()
-        cfg = self.cfg
-        parts = np.array_split(np.arange(len(samples)), min(cfg.mini_batches, len(samples)))
-        windows = [self._micro_batches([samples[i] for i in part]) for part in parts]
+        "One policy update on `samples` (this process's share: under DDP it may be empty); returns averaged metrics."
+        if not samples and self.world_size == 1: raise ValueError("PolicyTrainer.update got no samples (all groups filtered?)")
+        t0, cfg = time.perf_counter(), self.cfg
+        windows = self._windows(samples)
+        for b in windows[0]:   # the sampler's log-probs, compared with the trainer's before any weight changes
+            if not b.get("null") and not torch.isnan(b["old_logprobs"]).any(): b["sampler_logprobs"] = b["old_logprobs"].clone()
         self.prepare_batches([b for w in windows for b in w])
         self.model.train()
         agg, norms, losses, tokens = {}, [], [], 0
         for _ in range(cfg.num_iterations):
             for window in windows:
                 window_loss = 0.0
-                n_items = self._all_sum(sum(float(b["loss_mask"].sum()) for b in window)) / self.world_size
+                n_items = self._all_sum(sum(float(b["loss_mask"].sum()) for b in window if not b.get("null"))) / self.world_size
                 for k, b in enumerate(window):
                     b["num_items"] = n_items
                     last = k == len(window) - 1
@@ -150,11 +179,14 @@ class PolicyTrainer:
                     with sync:
                         loss, st = self.compute_loss(b)
                         if cfg.loss_type in ("grpo", "bnpo"): loss = loss / len(window)
+                        if b.get("null"): loss = loss * 0.0
                         (self.accelerator.backward(loss) if self.accelerator else loss.backward())
+                    if b.get("null"): continue
                     window_loss += loss.item()
                     for key, v in st.items(): agg.setdefault(key, []).append(v)
                     tokens += int(b["attention_mask"].sum())
                 norms.append(self._optimizer_step()); losses.append(window_loss)
+            for b in windows[0]: b.pop("sampler_logprobs", None)   # only before the first optimizer step is the gap exact
         self.step += 1
         dt = time.perf_counter() - t0
         out = {k: float(np.mean(v)) for k, v in agg.items() if k != "loss_tokens"}
