@@ -42,7 +42,12 @@ def run_rank(out_dir: str):
     samples = rank_samples(acc.process_index)
     for _ in range(UPDATES): metrics = trainer.update(samples)
     torch.save(trainer.unwrapped.state_dict(), Path(out_dir) / f"rank{acc.process_index}.pt")
+    torch.manual_seed(100 + acc.process_index)           # each rank's own RNG stream goes into the checkpoint
+    want = torch.rand(3)
+    torch.manual_seed(100 + acc.process_index)
     trainer.save_checkpoint(Path(out_dir) / "ckpt")   # main process writes, the other waits
+    torch.manual_seed(12345); trainer.load_checkpoint(Path(out_dir) / "ckpt")
+    assert torch.equal(torch.rand(3), want), f"rank {acc.process_index} did not get its own RNG back"
     print("rank", acc.process_index, metrics)
 
 
@@ -54,6 +59,8 @@ def test_ddp_two_cpu_processes(tmp_path):
     w0, w1 = torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
     for k in w0: assert torch.equal(w0[k], w1[k]), f"ranks differ on {k}"
     assert (tmp_path / "ckpt" / "model.safetensors").exists()
+    ranks = torch.load(tmp_path / "ckpt" / "state.pt", weights_only=True)["rng_ranks"]
+    assert len(ranks) == 2 and not torch.equal(ranks[0]["torch"], ranks[1]["torch"])
 
     # one process on both ranks' samples: the "dapo" normalization counts tokens across ranks, so it is the same update
     torch.set_num_threads(1)

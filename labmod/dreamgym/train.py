@@ -167,13 +167,14 @@ class PolicySpec:
     temperature: float = 1.0     # its sampling temperature (the run's `eval_temperature=None` evaluates at it too)
     max_new_tokens: int = 16     # its action budget: must fit the env's longest action (the warm start refuses what does not)
     history_k: int = 0           # earlier steps shown in its prompt
+    lora: dict | bool | None = None   # LoRA settings (see `labmod.models.lora_settings`; None: the backend's default)
 
 def _fresh_policy(spec: PolicySpec, seed: int) -> Agent:
     "The policy `spec` describes, its weights seeded with `seed`."
     import torch
     from labmod.models import load_lm
     torch.manual_seed(seed)
-    lm = tiny_experience_lm(seed=seed) if spec.model == "tiny-em" else load_lm(spec.model, backend=spec.backend, seed=seed)
+    lm = tiny_experience_lm(seed=seed) if spec.model == "tiny-em" else load_lm(spec.model, backend=spec.backend, seed=seed, lora=spec.lora)
     return Agent(lm, max_new_tokens=spec.max_new_tokens, temperature=spec.temperature, history_k=spec.history_k)
 
 # %% ../../nbs/54_dreamgym_train.ipynb #9f08a5d4

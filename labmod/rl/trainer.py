@@ -197,9 +197,13 @@ class PolicyTrainer:
 
     # ---- checkpoints ----
     def save_checkpoint(self, dir: Path | str) -> Path:
-        "Write weights (adapters for PEFT), optimizer, scheduler, RNG and counters; atomic (tmp dir + rename)."
+        "Write weights (adapters for PEFT), optimizer, scheduler, every rank's RNG and the counters; atomic (tmp dir + rename)."
         from safetensors.torch import save_model
         dir = Path(dir)
+        rngs = [_rng_state()]
+        if self.world_size > 1:   # a collective: every rank sends its RNG state to be saved with the checkpoint
+            from accelerate.utils import gather_object
+            rngs = gather_object(rngs)
         if self.accelerator is not None and not self.accelerator.is_main_process:
             self.accelerator.wait_for_everyone(); return dir
         tmp, old = dir.with_name(dir.name + ".tmp"), dir.with_name(dir.name + ".old")
@@ -210,7 +214,7 @@ class PolicyTrainer:
         if is_peft(m): m.save_pretrained(tmp / "adapter")   # safetensors; loadable with PeftModel.from_pretrained
         else: save_model(m, str(tmp / "model.safetensors"))
         torch.save(dict(optimizer=self.optimizer.state_dict(), scheduler=self.scheduler.state_dict(),
-                        rng=_rng_state(), extra=self.extra_state()), tmp / "state.pt")
+                        rng=rngs[0], rng_ranks=rngs if len(rngs) > 1 else None, extra=self.extra_state()), tmp / "state.pt")
         (tmp / "trainer_state.json").write_text(json.dumps(dict(step=self.step, optimizer_steps=self.optimizer_steps,
                                                                 state=self.state, config=asdict(self.cfg)), default=str))
         if dir.exists(): os.replace(dir, old)   # a kill from here on leaves the old copy (.old) and the new one (.tmp)
@@ -233,7 +237,10 @@ class PolicyTrainer:
             set_peft_model_state_dict(m, load_file(dir / "adapter" / "adapter_model.safetensors", device=str(self.device)))
         else: load_model(m, str(dir / "model.safetensors"), device=str(self.device))
         self.optimizer.load_state_dict(st["optimizer"]); self.scheduler.load_state_dict(st["scheduler"])
-        _set_rng_state(st["rng"]); self.load_extra_state(st.get("extra", {}))
+        ranks = st.get("rng_ranks")
+        rank = self.accelerator.process_index if self.accelerator is not None else 0
+        _set_rng_state(ranks[rank] if ranks and len(ranks) == self.world_size else st["rng"])   # each rank its own stream
+        self.load_extra_state(st.get("extra", {}))
         self.step, self.optimizer_steps, self.state = ts["step"], ts["optimizer_steps"], ts["state"]
         return self
 

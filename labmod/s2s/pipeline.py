@@ -153,6 +153,7 @@ class Recipe:
     "The CPU recipe of the State2State experiments: the policy, its random-action warm start, and the GRPO runs."
     model: str = "tiny"
     backend: str = "hf"
+    lora: dict | bool | None = None   # LoRA settings (see `labmod.models.lora_settings`; None: the backend's default)
     max_new_tokens: int = 16      # the action budget (ScienceWorld actions take up to 47 tokens with their tags)
     max_turns: int = 5            # agent turns per episode (training and tests)
     groups_per_step: int = 2      # tasks per update
@@ -165,7 +166,7 @@ class Recipe:
     def agent(self, seed: int, make: Callable[[], Env], warm_tasks: list[Task]) -> Agent:
         "A fresh policy for `seed` (temperature 1, no history), warm-started on random admissible actions of `warm_tasks`."
         torch.manual_seed(seed)
-        agent = Agent(load_lm(self.model, backend=self.backend, seed=seed), max_new_tokens=self.max_new_tokens, temperature=1.0, history_k=0)
+        agent = Agent(load_lm(self.model, backend=self.backend, seed=seed, lora=self.lora), max_new_tokens=self.max_new_tokens, temperature=1.0, history_k=0)
         if self.warm_epochs and warm_tasks:
             warm_start(agent, make, warm_tasks, WarmStart(source="random", epochs=self.warm_epochs), self.max_turns, seed, progress=False)
         return agent
