@@ -18,7 +18,8 @@ from .losses import (ValueHead, collate, token_logprobs, first_loss_position,
 from ..models import autocast_for
 
 # %% auto #0
-__all__ = ['seed_everything', 'is_peft', 'latest_checkpoint', 'PolicyTrainer', 'PPOTrainer', 'sft']
+__all__ = ['seed_everything', 'is_peft', 'latest_checkpoint', 'PolicyTrainer', 'prepare_batches', 'update', 'save_checkpoint',
+           'extra_state', 'load_extra_state', 'load_checkpoint', 'PPOTrainer', 'sft']
 
 # %% ../../nbs/33_rl_trainer.ipynb #66237d07
 def _rng_state() -> dict:
@@ -60,7 +61,7 @@ def _load_data(path: Path):
                          f"of this labmod: older ones pickled NumPy's RNG state; or tampered with); torch says: "
                          f"{str(e).splitlines()[0]}") from None
 
-# %% ../../nbs/33_rl_trainer.ipynb #e45ca531
+# %% ../../nbs/33_rl_trainer.ipynb #05dd76b0
 class PolicyTrainer:
     "Updates a causal LM policy with GRPO/DAPO/REINFORCE on `Sample`s; checkpoints and resumes exactly."
     def __init__(self, model, tokenizer, cfg: GRPOConfig, ref_model=None, accelerator=None, params=None):
@@ -101,148 +102,156 @@ class PolicyTrainer:
         "Whether `flag` holds on any rank (every rank must call it: it is a collective under DDP)."
         return self._all_sum(float(bool(flag))) > 0
 
-    def _micro_batch_size(self, n: int) -> int:
-        "Sequences per micro-batch for a window of n samples."
-        return math.ceil(n / self.cfg.grad_accum_steps) if self.cfg.grad_accum_steps else self.cfg.micro_batch_size
-
-    def _micro_batches(self, samples):
-        mb = self._micro_batch_size(len(samples))
-        return [collate(samples[i:i + mb], self.pad_id, self.device) for i in range(0, len(samples), mb)]
-
     def compute_loss(self, batch) -> tuple[torch.Tensor, dict]:
         return grpo_loss(self.model, batch, self.cfg, self.ref_model)
 
     def _needs_old(self) -> bool:
         return self.cfg.loss_type != "reinforce" and (self.cfg.num_iterations > 1 or self.cfg.mini_batches > 1)
 
-    @torch.no_grad()
-    def prepare_batches(self, batches):
-        "Fill old and reference log-probs before any weight changes."
-        for b in batches:
-            start = first_loss_position(b["loss_mask"])
-            model = self.unwrapped      # no-grad forwards outside DDP: they take part in no collective
-            if self.cfg.old_logprobs == "recompute" or torch.isnan(b["old_logprobs"]).any():
-                if self._needs_old():
-                    model.eval()
-                    b["old_logprobs"] = token_logprobs(model, b["input_ids"], b["attention_mask"],
-                                                       self.cfg.temperature, start)[0] * b["loss_mask"]
-                else: b.pop("old_logprobs")       # on-policy: the detached current log-probs are the old ones
-            if self.cfg.beta != 0.0 and "ref_logprobs" not in b:
-                b["ref_logprobs"] = ref_logprobs_for(model, self.ref_model, b, self.cfg.temperature, start)
+# %% ../../nbs/33_rl_trainer.ipynb #cca12718
+def _micro_batch_size(self, n: int) -> int:
+    "Sequences per micro-batch for a window of n samples."
+    return math.ceil(n / self.cfg.grad_accum_steps) if self.cfg.grad_accum_steps else self.cfg.micro_batch_size
 
-    def _optimizer_step(self) -> float:
-        params = [p for g in self.optimizer.param_groups for p in g["params"]]
-        if self.cfg.max_grad_norm:
-            clip = self.accelerator.clip_grad_norm_ if self.accelerator else torch.nn.utils.clip_grad_norm_
-            norm = float(clip(params, self.cfg.max_grad_norm))
-        else:
-            norm = float(torch.norm(torch.stack([p.grad.norm() for p in params if p.grad is not None])))
-        self.optimizer.step(); self.scheduler.step(); self.optimizer.zero_grad(set_to_none=True)
-        self.optimizer_steps += 1
-        return norm
+def _micro_batches(self, samples):
+    mb = self._micro_batch_size(len(samples))
+    return [collate(samples[i:i + mb], self.pad_id, self.device) for i in range(0, len(samples), mb)]
 
-    def _null_batch(self) -> dict:
-        "A micro-batch whose loss is multiplied by 0: it takes part in DDP's collectives and changes nothing."
-        s = Sample([self.pad_id, self.pad_id], [0, 1], [0.0, 0.0], 0.0, meta={"value_pos": 0, "old_value": 0.0, "return": 0.0})
-        b = self._micro_batches([s])[0]; b["null"] = True
-        return b
+def _null_batch(self) -> dict:
+    "A micro-batch whose loss is multiplied by 0: it takes part in DDP's collectives and changes nothing."
+    s = Sample([self.pad_id, self.pad_id], [0, 1], [0.0, 0.0], 0.0, meta={"value_pos": 0, "old_value": 0.0, "return": 0.0})
+    b = self._micro_batches([s])[0]; b["null"] = True
+    return b
 
-    def _windows(self, samples: list[Sample]) -> list[list[dict]]:
-        """The update's optimizer-step windows of micro-batches. Under DDP every rank has `mini_batches` windows with as
-        many micro-batches as the fullest rank's (padded with null batches), so every rank runs the same forwards,
-        backwards and collectives even when its share is smaller, or empty."""
-        n = self.cfg.mini_batches if self.world_size > 1 else min(self.cfg.mini_batches, len(samples))
-        parts = np.array_split(np.arange(len(samples)), n)
-        windows = [self._micro_batches([samples[i] for i in part]) if len(part) else [] for part in parts]
-        if self.world_size > 1:
-            most = self._all_max([len(w) for w in windows])
-            windows = [w + [self._null_batch() for _ in range(m - len(w))] for w, m in zip(windows, most)]
-        return windows
+def _windows(self, samples: list[Sample]) -> list[list[dict]]:
+    """The update's optimizer-step windows of micro-batches. Under DDP every rank has `mini_batches` windows with as
+    many micro-batches as the fullest rank's (padded with null batches), so every rank runs the same forwards,
+    backwards and collectives even when its share is smaller, or empty."""
+    n = self.cfg.mini_batches if self.world_size > 1 else min(self.cfg.mini_batches, len(samples))
+    parts = np.array_split(np.arange(len(samples)), n)
+    windows = [self._micro_batches([samples[i] for i in part]) if len(part) else [] for part in parts]
+    if self.world_size > 1:
+        most = self._all_max([len(w) for w in windows])
+        windows = [w + [self._null_batch() for _ in range(m - len(w))] for w, m in zip(windows, most)]
+    return windows
 
-    def update(self, samples: list[Sample]) -> dict:
-        "One policy update on `samples` (this process's share: under DDP it may be empty); returns averaged metrics."
-        if not samples and self.world_size == 1: raise ValueError("PolicyTrainer.update got no samples (all groups filtered?)")
-        t0, cfg = time.perf_counter(), self.cfg
-        windows = self._windows(samples)
-        for b in windows[0]:   # the sampler's log-probs, compared with the trainer's before any weight changes
-            if not b.get("null") and not torch.isnan(b["old_logprobs"]).any(): b["sampler_logprobs"] = b["old_logprobs"].clone()
-        self.prepare_batches([b for w in windows for b in w])
-        self.model.train()
-        agg, norms, losses, tokens = {}, [], [], 0
-        for _ in range(cfg.num_iterations):
-            for window in windows:
-                window_loss = 0.0
-                n_items = self._all_sum(sum(float(b["loss_mask"].sum()) for b in window if not b.get("null"))) / self.world_size
-                for k, b in enumerate(window):
-                    b["num_items"] = n_items
-                    last = k == len(window) - 1
-                    sync = self.accelerator.no_sync(self.model) if (self.accelerator and not last) else nullcontext()
-                    with sync:
-                        loss, st = self.compute_loss(b)
-                        if cfg.loss_type in ("grpo", "bnpo"): loss = loss / len(window)
-                        if b.get("null"): loss = loss * 0.0
-                        (self.accelerator.backward(loss) if self.accelerator else loss.backward())
-                    if b.get("null"): continue
-                    window_loss += loss.item()
-                    for key, v in st.items(): agg.setdefault(key, []).append(v)
-                    tokens += int(b["attention_mask"].sum())
-                norms.append(self._optimizer_step()); losses.append(window_loss)
-            for b in windows[0]: b.pop("sampler_logprobs", None)   # only before the first optimizer step is the gap exact
-        self.step += 1
-        dt = time.perf_counter() - t0
-        out = {k: float(np.mean(v)) for k, v in agg.items() if k != "loss_tokens"}
-        out.update(loss=float(np.mean(losses)), grad_norm=float(np.mean(norms)), lr=self.scheduler.get_last_lr()[0], update_time=dt,
-                   tokens=tokens, tokens_per_s=tokens / dt, samples=len(samples), step=self.step)
-        return out
+PolicyTrainer._micro_batch_size, PolicyTrainer._micro_batches, PolicyTrainer._null_batch, PolicyTrainer._windows = _micro_batch_size, _micro_batches, _null_batch, _windows
 
-    # ---- checkpoints ----
-    def save_checkpoint(self, dir: Path | str) -> Path:
-        "Write weights (adapters for PEFT), optimizer, scheduler, every rank's RNG and the counters; atomic (tmp dir + rename)."
-        from safetensors.torch import save_model
-        dir = Path(dir)
-        rngs = [_rng_state()]
-        if self.world_size > 1:   # a collective: every rank sends its RNG state to be saved with the checkpoint
-            from accelerate.utils import gather_object
-            rngs = gather_object(rngs)
-        if self.accelerator is not None and not self.accelerator.is_main_process:
-            self.accelerator.wait_for_everyone(); return dir
-        tmp, old = dir.with_name(dir.name + ".tmp"), dir.with_name(dir.name + ".old")
-        for p in [tmp, old, *(p for p in dir.parent.glob("ckpt-*") if _STALE.fullmatch(p.name))]:
-            shutil.rmtree(p, ignore_errors=True)   # what killed saves left behind
-        tmp.mkdir(parents=True)
-        m = self.unwrapped
-        if is_peft(m): m.save_pretrained(tmp / "adapter")   # safetensors; loadable with PeftModel.from_pretrained
-        else: save_model(m, str(tmp / "model.safetensors"))
-        torch.save(dict(optimizer=self.optimizer.state_dict(), scheduler=self.scheduler.state_dict(),
-                        rng=rngs[0], rng_ranks=rngs if len(rngs) > 1 else None, extra=self.extra_state()), tmp / "state.pt")
-        (tmp / "trainer_state.json").write_text(json.dumps(dict(step=self.step, optimizer_steps=self.optimizer_steps,
-                                                                state=self.state, config=asdict(self.cfg)), default=str))
-        if dir.exists(): os.replace(dir, old)   # a kill from here on leaves the old copy (.old) and the new one (.tmp)
-        os.replace(tmp, dir); shutil.rmtree(old, ignore_errors=True)
-        if self.accelerator is not None: self.accelerator.wait_for_everyone()
-        return dir
+# %% ../../nbs/33_rl_trainer.ipynb #aedd008f
+@torch.no_grad()
+def prepare_batches(self, batches):
+    "Fill old and reference log-probs before any weight changes."
+    for b in batches:
+        start = first_loss_position(b["loss_mask"])
+        model = self.unwrapped      # no-grad forwards outside DDP: they take part in no collective
+        if self.cfg.old_logprobs == "recompute" or torch.isnan(b["old_logprobs"]).any():
+            if self._needs_old():
+                model.eval()
+                b["old_logprobs"] = token_logprobs(model, b["input_ids"], b["attention_mask"],
+                                                   self.cfg.temperature, start)[0] * b["loss_mask"]
+            else: b.pop("old_logprobs")       # on-policy: the detached current log-probs are the old ones
+        if self.cfg.beta != 0.0 and "ref_logprobs" not in b:
+            b["ref_logprobs"] = ref_logprobs_for(model, self.ref_model, b, self.cfg.temperature, start)
 
-    def extra_state(self) -> dict: return {}
-    def load_extra_state(self, st: dict): pass
+def _optimizer_step(self) -> float:
+    params = [p for g in self.optimizer.param_groups for p in g["params"]]
+    if self.cfg.max_grad_norm:
+        clip = self.accelerator.clip_grad_norm_ if self.accelerator else torch.nn.utils.clip_grad_norm_
+        norm = float(clip(params, self.cfg.max_grad_norm))
+    else:
+        norm = float(torch.norm(torch.stack([p.grad.norm() for p in params if p.grad is not None])))
+    self.optimizer.step(); self.scheduler.step(); self.optimizer.zero_grad(set_to_none=True)
+    self.optimizer_steps += 1
+    return norm
 
-    def load_checkpoint(self, dir: Path | str):
-        "Restore everything `save_checkpoint` wrote (data only: safetensors, JSON, and a `weights_only` state.pt)."
-        from safetensors.torch import load_file, load_model
-        dir = Path(dir)
-        st = _load_data(dir / "state.pt")        # read (and vet) everything before the trainer changes at all
-        ts = json.loads((dir / "trainer_state.json").read_text())
-        m = self.unwrapped
-        if is_peft(m):
-            from peft import set_peft_model_state_dict
-            set_peft_model_state_dict(m, load_file(dir / "adapter" / "adapter_model.safetensors", device=str(self.device)))
-        else: load_model(m, str(dir / "model.safetensors"), device=str(self.device))
-        self.optimizer.load_state_dict(st["optimizer"]); self.scheduler.load_state_dict(st["scheduler"])
-        ranks = st.get("rng_ranks")
-        rank = self.accelerator.process_index if self.accelerator is not None else 0
-        _set_rng_state(ranks[rank] if ranks and len(ranks) == self.world_size else st["rng"])   # each rank its own stream
-        self.load_extra_state(st.get("extra", {}))
-        self.step, self.optimizer_steps, self.state = ts["step"], ts["optimizer_steps"], ts["state"]
-        return self
+def update(self, samples: list[Sample]) -> dict:
+    "One policy update on `samples` (this process's share: under DDP it may be empty); returns averaged metrics."
+    if not samples and self.world_size == 1: raise ValueError("PolicyTrainer.update got no samples (all groups filtered?)")
+    t0, cfg = time.perf_counter(), self.cfg
+    windows = self._windows(samples)
+    for b in windows[0]:   # the sampler's log-probs, compared with the trainer's before any weight changes
+        if not b.get("null") and not torch.isnan(b["old_logprobs"]).any(): b["sampler_logprobs"] = b["old_logprobs"].clone()
+    self.prepare_batches([b for w in windows for b in w])
+    self.model.train()
+    agg, norms, losses, tokens = {}, [], [], 0
+    for _ in range(cfg.num_iterations):
+        for window in windows:
+            window_loss = 0.0
+            n_items = self._all_sum(sum(float(b["loss_mask"].sum()) for b in window if not b.get("null"))) / self.world_size
+            for k, b in enumerate(window):
+                b["num_items"] = n_items
+                last = k == len(window) - 1
+                sync = self.accelerator.no_sync(self.model) if (self.accelerator and not last) else nullcontext()
+                with sync:
+                    loss, st = self.compute_loss(b)
+                    if cfg.loss_type in ("grpo", "bnpo"): loss = loss / len(window)
+                    if b.get("null"): loss = loss * 0.0
+                    (self.accelerator.backward(loss) if self.accelerator else loss.backward())
+                if b.get("null"): continue
+                window_loss += loss.item()
+                for key, v in st.items(): agg.setdefault(key, []).append(v)
+                tokens += int(b["attention_mask"].sum())
+            norms.append(self._optimizer_step()); losses.append(window_loss)
+        for b in windows[0]: b.pop("sampler_logprobs", None)   # only before the first optimizer step is the gap exact
+    self.step += 1
+    dt = time.perf_counter() - t0
+    out = {k: float(np.mean(v)) for k, v in agg.items() if k != "loss_tokens"}
+    out.update(loss=float(np.mean(losses)), grad_norm=float(np.mean(norms)), lr=self.scheduler.get_last_lr()[0], update_time=dt,
+               tokens=tokens, tokens_per_s=tokens / dt, samples=len(samples), step=self.step)
+    return out
+
+PolicyTrainer.prepare_batches, PolicyTrainer._optimizer_step, PolicyTrainer.update = prepare_batches, _optimizer_step, update
+
+# %% ../../nbs/33_rl_trainer.ipynb #6dbcb25b
+def save_checkpoint(self, dir: Path | str) -> Path:
+    "Write weights (adapters for PEFT), optimizer, scheduler, every rank's RNG and the counters; atomic (tmp dir + rename)."
+    from safetensors.torch import save_model
+    dir = Path(dir)
+    rngs = [_rng_state()]
+    if self.world_size > 1:   # a collective: every rank sends its RNG state to be saved with the checkpoint
+        from accelerate.utils import gather_object
+        rngs = gather_object(rngs)
+    if self.accelerator is not None and not self.accelerator.is_main_process:
+        self.accelerator.wait_for_everyone(); return dir
+    tmp, old = dir.with_name(dir.name + ".tmp"), dir.with_name(dir.name + ".old")
+    for p in [tmp, old, *(p for p in dir.parent.glob("ckpt-*") if _STALE.fullmatch(p.name))]:
+        shutil.rmtree(p, ignore_errors=True)   # what killed saves left behind
+    tmp.mkdir(parents=True)
+    m = self.unwrapped
+    if is_peft(m): m.save_pretrained(tmp / "adapter")   # safetensors; loadable with PeftModel.from_pretrained
+    else: save_model(m, str(tmp / "model.safetensors"))
+    torch.save(dict(optimizer=self.optimizer.state_dict(), scheduler=self.scheduler.state_dict(),
+                    rng=rngs[0], rng_ranks=rngs if len(rngs) > 1 else None, extra=self.extra_state()), tmp / "state.pt")
+    (tmp / "trainer_state.json").write_text(json.dumps(dict(step=self.step, optimizer_steps=self.optimizer_steps,
+                                                            state=self.state, config=asdict(self.cfg)), default=str))
+    if dir.exists(): os.replace(dir, old)   # a kill from here on leaves the old copy (.old) and the new one (.tmp)
+    os.replace(tmp, dir); shutil.rmtree(old, ignore_errors=True)
+    if self.accelerator is not None: self.accelerator.wait_for_everyone()
+    return dir
+
+def extra_state(self) -> dict: return {}
+def load_extra_state(self, st: dict): pass
+
+def load_checkpoint(self, dir: Path | str):
+    "Restore everything `save_checkpoint` wrote (data only: safetensors, JSON, and a `weights_only` state.pt)."
+    from safetensors.torch import load_file, load_model
+    dir = Path(dir)
+    st = _load_data(dir / "state.pt")        # read (and vet) everything before the trainer changes at all
+    ts = json.loads((dir / "trainer_state.json").read_text())
+    m = self.unwrapped
+    if is_peft(m):
+        from peft import set_peft_model_state_dict
+        set_peft_model_state_dict(m, load_file(dir / "adapter" / "adapter_model.safetensors", device=str(self.device)))
+    else: load_model(m, str(dir / "model.safetensors"), device=str(self.device))
+    self.optimizer.load_state_dict(st["optimizer"]); self.scheduler.load_state_dict(st["scheduler"])
+    ranks = st.get("rng_ranks")
+    rank = self.accelerator.process_index if self.accelerator is not None else 0
+    _set_rng_state(ranks[rank] if ranks and len(ranks) == self.world_size else st["rng"])   # each rank its own stream
+    self.load_extra_state(st.get("extra", {}))
+    self.step, self.optimizer_steps, self.state = ts["step"], ts["optimizer_steps"], ts["state"]
+    return self
+
+PolicyTrainer.save_checkpoint, PolicyTrainer.extra_state, PolicyTrainer.load_extra_state, PolicyTrainer.load_checkpoint = save_checkpoint, extra_state, load_extra_state, load_checkpoint
 
 # %% ../../nbs/33_rl_trainer.ipynb #b5784391
 class PPOTrainer(PolicyTrainer):
