@@ -12,11 +12,11 @@ from typing import Any
 from .lab.settings import settings
 
 # %% auto #0
-__all__ = ['END_TOKEN', 'PAD_TOKEN', 'ROLE_TOKENS', 'PLAIN_CHAT_TEMPLATE', 'LORA_DEFAULT', 'TINY_CONFIG', 'TINY_FORMAT_VERSION',
+__all__ = ['END_TOKEN', 'PAD_TOKEN', 'ROLE_TOKENS', 'PLAIN_CHAT_TEMPLATE', 'TINY_CONFIG', 'TINY_FORMAT_VERSION', 'LORA_DEFAULT',
            'SMOLLM2_GGUF', 'UNSLOTH_TARGETS', 'BACKENDS', 'Generation', 'BackendUnavailable', 'render_plain', 'LM',
-           'sample_tokens', 'avoid_cudnn_attention', 'lora_settings', 'autocast_for', 'HFLM', 'build_tiny_model',
-           'tiny_corpus', 'smollm2_path', 'UnslothOptions', 'UnslothLM', 'VLLMOptions', 'vllm_engine', 'VLLMLM',
-           'OpenAILM', 'resolve_model_path', 'load_lm', 'tiny_causal_lm']
+           'build_tiny_model', 'tiny_corpus', 'sample_tokens', 'avoid_cudnn_attention', 'lora_settings', 'autocast_for',
+           'HFLM', 'smollm2_path', 'UnslothOptions', 'UnslothLM', 'VLLMOptions', 'vllm_engine', 'VLLMLM', 'OpenAILM',
+           'resolve_model_path', 'load_lm', 'tiny_causal_lm']
 
 # %% ../nbs/20_models.ipynb #ad7f06e9
 @dataclass
@@ -75,6 +75,105 @@ class LM:
         "Release what this LM holds beyond its Python objects (a shared generation engine); a no-op for most backends."
 
     def __repr__(self): return f"{type(self).__name__}(name={self.name!r}, backend={self.backend!r}, device={self.device!r})"
+
+# %% ../nbs/20_models.ipynb #253d5800
+TINY_CONFIG = dict(vocab_size=2048, hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
+                   num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=True, rope_theta=10000.0)
+TINY_FORMAT_VERSION = 1  # bump when the build recipe changes, so old caches are not reused
+
+def _fingerprint(corpus: list[str], config: dict, seed: int) -> str:
+    h = hashlib.sha256()
+    h.update(json.dumps({"config": config, "seed": seed, "v": TINY_FORMAT_VERSION}, sort_keys=True).encode())
+    for doc in corpus: h.update(hashlib.sha256(doc.encode()).digest())
+    return h.hexdigest()[:12]
+
+def _train_tokenizer(corpus: list[str], vocab_size: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = [PAD_TOKEN, END_TOKEN, *ROLE_TOKENS.values()]
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(corpus, trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=END_TOKEN, pad_token=PAD_TOKEN,
+                                   additional_special_tokens=list(ROLE_TOKENS.values()), chat_template=PLAIN_CHAT_TEMPLATE)
+
+def build_tiny_model(corpus: list[str], out_dir: str | Path | None = None, seed: int = 0, **config) -> Path:
+    "Build (or find cached) the tiny model for `corpus`; returns `out_dir/tiny-<hash>` (default out_dir: settings models_dir)."
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    if not corpus or not any(s.strip() for s in corpus): raise ValueError("build_tiny_model needs a non-empty corpus")
+    unknown = set(config) - set(TINY_CONFIG)
+    if unknown: raise ValueError(f"unknown tiny model config keys {sorted(unknown)}; known: {', '.join(TINY_CONFIG)}")
+    cfg = {**TINY_CONFIG, **config}
+    out_dir = Path(out_dir) if out_dir is not None else settings().models_dir
+    final = out_dir / f"tiny-{_fingerprint(corpus, cfg, seed)}"
+    if (final / "config.json").is_file(): return final
+    tok = _train_tokenizer(corpus, cfg["vocab_size"])
+    mcfg = Qwen2Config(**{**cfg, "vocab_size": len(tok)}, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                       bos_token_id=None)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(mcfg)
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tiny-", dir=out_dir))
+    model.save_pretrained(tmp); tok.save_pretrained(tmp)
+    (tmp / "labmod_tiny.json").write_text(json.dumps({"config": cfg, "seed": seed, "corpus_docs": len(corpus),
+                                                      "corpus_chars": sum(map(len, corpus)),
+                                                      "params": sum(p.numel() for p in model.parameters())}, indent=1))
+    tmp.chmod(0o755)
+    try: tmp.rename(final)
+    except OSError: shutil.rmtree(tmp, ignore_errors=True)  # a concurrent build got there first: same content
+    return final
+
+# %% ../nbs/20_models.ipynb #f301c68a
+def _corpus_policy(random_steps: int, seed: int):
+    "The env's expert (gold path), or `random_steps` random admissible actions, each decision carrying the corpus text of the prompts it answers."
+    import dataclasses
+    from labmod.agent import ScriptedPolicy, TASK_FORMAT
+    class CorpusPolicy(ScriptedPolicy):
+        needs_expert = True
+        def choose(self, s, rng):
+            if not random_steps: return s.expert_action
+            return rng.choice(s.valid_actions) if s.valid_actions and s.step < random_steps else None
+        def demonstrate(self, s, action):
+            d = super().demonstrate(s, action)
+            variants = [s] if s.instruction else []
+            if s.step % 2 == 0: variants.append(dataclasses.replace(s, instruction=None, target=s.observation))  # target-style prompts too
+            d.info["docs"] = [render_plain(TASK_FORMAT.messages(v)) + f"<think>I should {action}.</think><action>{action}</action>{END_TOKEN}"
+                              for v in variants]
+            return d
+    return CorpusPolicy(seed=seed)
+
+def _episode_docs(traj) -> list[str]:
+    "The corpus text of one recorded episode: the first observation, then each prompt with its reply and the observation after it."
+    docs = [traj.initial_obs.text]
+    for t in traj.turns: docs += t.info.get("docs", []) + [t.obs.text]
+    return docs
+
+def tiny_corpus(refresh: bool = False, games: list[str] | None = None, n_per_game: int = 3, random_steps: int = 2,
+                seed: int = 0) -> list[str]:
+    "Training text for the tiny model's tokenizer: rendered task-format prompts and observations of real TextWorld-Express episodes (cached)."
+    from labmod.envs.core import make_env, list_tasks
+    from labmod.rollout import RolloutEngine, RolloutConfig
+    path = settings().data_dir / "tiny_corpus.jsonl"
+    if path.is_file() and not refresh:
+        return [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
+    tasks = list_tasks("textworld_express", "train", games=games, n_per_game=n_per_game)
+    runs = []
+    for steps in ([0, random_steps] if random_steps else [0]):
+        with RolloutEngine(_corpus_policy(steps, seed), lambda: make_env("textworld_express"), RolloutConfig(max_turns=30, n_envs=2)) as eng:
+            runs.append([g[0] for g in eng.run(tasks, progress=True)])
+    docs = [d for episodes in zip(*runs) for ep in episodes for d in _episode_docs(ep)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tiny_corpus-", dir=path.parent)   # a unique name: concurrent first builds do not interleave
+    with os.fdopen(fd, "w") as f: f.write("".join(json.dumps(d) + "\n" for d in docs))
+    os.replace(tmp, path)
+    return docs
 
 # %% ../nbs/20_models.ipynb #ea34350c
 def _eos_ids(tokenizer, model) -> set[int]:
@@ -226,105 +325,6 @@ class HFLM(LM):
     def generate(self, prompts, max_new_tokens=128, temperature=1.0, top_p=1.0, stop=None, seed=None):
         with autocast_for(self.model):
             return sample_tokens(self.model, self.tokenizer, prompts, max_new_tokens, temperature, top_p, stop, seed)
-
-# %% ../nbs/20_models.ipynb #253d5800
-TINY_CONFIG = dict(vocab_size=2048, hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
-                   num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=True, rope_theta=10000.0)
-TINY_FORMAT_VERSION = 1  # bump when the build recipe changes, so old caches are not reused
-
-def _fingerprint(corpus: list[str], config: dict, seed: int) -> str:
-    h = hashlib.sha256()
-    h.update(json.dumps({"config": config, "seed": seed, "v": TINY_FORMAT_VERSION}, sort_keys=True).encode())
-    for doc in corpus: h.update(hashlib.sha256(doc.encode()).digest())
-    return h.hexdigest()[:12]
-
-def _train_tokenizer(corpus: list[str], vocab_size: int):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    specials = [PAD_TOKEN, END_TOKEN, *ROLE_TOKENS.values()]
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(corpus, trainer=trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=END_TOKEN, pad_token=PAD_TOKEN,
-                                   additional_special_tokens=list(ROLE_TOKENS.values()), chat_template=PLAIN_CHAT_TEMPLATE)
-
-def build_tiny_model(corpus: list[str], out_dir: str | Path | None = None, seed: int = 0, **config) -> Path:
-    "Build (or find cached) the tiny model for `corpus`; returns `out_dir/tiny-<hash>` (default out_dir: settings models_dir)."
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-    if not corpus or not any(s.strip() for s in corpus): raise ValueError("build_tiny_model needs a non-empty corpus")
-    unknown = set(config) - set(TINY_CONFIG)
-    if unknown: raise ValueError(f"unknown tiny model config keys {sorted(unknown)}; known: {', '.join(TINY_CONFIG)}")
-    cfg = {**TINY_CONFIG, **config}
-    out_dir = Path(out_dir) if out_dir is not None else settings().models_dir
-    final = out_dir / f"tiny-{_fingerprint(corpus, cfg, seed)}"
-    if (final / "config.json").is_file(): return final
-    tok = _train_tokenizer(corpus, cfg["vocab_size"])
-    mcfg = Qwen2Config(**{**cfg, "vocab_size": len(tok)}, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                       bos_token_id=None)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(mcfg)
-    model.generation_config.eos_token_id = tok.eos_token_id
-    model.generation_config.pad_token_id = tok.pad_token_id
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tiny-", dir=out_dir))
-    model.save_pretrained(tmp); tok.save_pretrained(tmp)
-    (tmp / "labmod_tiny.json").write_text(json.dumps({"config": cfg, "seed": seed, "corpus_docs": len(corpus),
-                                                      "corpus_chars": sum(map(len, corpus)),
-                                                      "params": sum(p.numel() for p in model.parameters())}, indent=1))
-    tmp.chmod(0o755)
-    try: tmp.rename(final)
-    except OSError: shutil.rmtree(tmp, ignore_errors=True)  # a concurrent build got there first: same content
-    return final
-
-# %% ../nbs/20_models.ipynb #f301c68a
-def _corpus_policy(random_steps: int, seed: int):
-    "The env's expert (gold path), or `random_steps` random admissible actions, each decision carrying the corpus text of the prompts it answers."
-    import dataclasses
-    from labmod.agent import ScriptedPolicy, TASK_FORMAT
-    class CorpusPolicy(ScriptedPolicy):
-        needs_expert = True
-        def choose(self, s, rng):
-            if not random_steps: return s.expert_action
-            return rng.choice(s.valid_actions) if s.valid_actions and s.step < random_steps else None
-        def demonstrate(self, s, action):
-            d = super().demonstrate(s, action)
-            variants = [s] if s.instruction else []
-            if s.step % 2 == 0: variants.append(dataclasses.replace(s, instruction=None, target=s.observation))  # target-style prompts too
-            d.info["docs"] = [render_plain(TASK_FORMAT.messages(v)) + f"<think>I should {action}.</think><action>{action}</action>{END_TOKEN}"
-                              for v in variants]
-            return d
-    return CorpusPolicy(seed=seed)
-
-def _episode_docs(traj) -> list[str]:
-    "The corpus text of one recorded episode: the first observation, then each prompt with its reply and the observation after it."
-    docs = [traj.initial_obs.text]
-    for t in traj.turns: docs += t.info.get("docs", []) + [t.obs.text]
-    return docs
-
-def tiny_corpus(refresh: bool = False, games: list[str] | None = None, n_per_game: int = 3, random_steps: int = 2,
-                seed: int = 0) -> list[str]:
-    "Training text for the tiny model's tokenizer: rendered task-format prompts and observations of real TextWorld-Express episodes (cached)."
-    from labmod.envs.core import make_env, list_tasks
-    from labmod.rollout import RolloutEngine, RolloutConfig
-    path = settings().data_dir / "tiny_corpus.jsonl"
-    if path.is_file() and not refresh:
-        return [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
-    tasks = list_tasks("textworld_express", "train", games=games, n_per_game=n_per_game)
-    runs = []
-    for steps in ([0, random_steps] if random_steps else [0]):
-        with RolloutEngine(_corpus_policy(steps, seed), lambda: make_env("textworld_express"), RolloutConfig(max_turns=30, n_envs=2)) as eng:
-            runs.append([g[0] for g in eng.run(tasks, progress=True)])
-    docs = [d for episodes in zip(*runs) for ep in episodes for d in _episode_docs(ep)]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tiny_corpus-", dir=path.parent)   # a unique name: concurrent first builds do not interleave
-    with os.fdopen(fd, "w") as f: f.write("".join(json.dumps(d) + "\n" for d in docs))
-    os.replace(tmp, path)
-    return docs
 
 # %% ../nbs/20_models.ipynb #26a042d7
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
