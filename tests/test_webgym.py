@@ -11,7 +11,7 @@ from labmod.rollout import RolloutEngine, RolloutConfig
 from labmod.webgym.websites import (SITES, DEFAULT_SITES, SiteSpec, installed_sites, serve_sites, site_spec, page_url, parse_html,
                              load_webgym_tasks, url_path)
 from labmod.webgym.rubric import (generate_tasks, website_split, dataset_stats, decompose, can_decompose, make_task, rubric_facts,
-                           compact, to_hf_dataset, difficulty_bin, evidence_pages)
+                           compact, to_hf_dataset, difficulty_bin, evidence_pages, parse_rubric_reply, tasks_from_hf)
 from labmod.webgym.evaluator import (labelled_trajectories, evaluate_rubric, evaluate_evaluator, evaluator_table, PageNavigator,
                                 trajectory_views)
 from labmod.webgym.env import make_web_task_env, step_budget
@@ -149,6 +149,43 @@ def test_web_env_rubric_reward_and_repetition_penalty(tasks, sites):
     assert {url_path(t.obs.data["url"]) for t in nav} >= set(evidence_pages(task.rubric))
     assert last.action.startswith("answer(") and last.done and last.reward == 1.0 and last.info["success"] and not last.info["page_unchanged"]
     assert all(ok for _, ok, _ in last.info["rubric_verdict"]["facts"]) and tr.success
+
+
+def _described(tasks):
+    "A table fact of a generated task, and the fact groups an LLM reply stating its value gives (a description alone)."
+    src = next(t for t in tasks if any(f["kind"] == "table" for f in rubric_facts(t.rubric)))
+    fact = next(f for f in rubric_facts(src.rubric) if f["kind"] == "table")
+    groups = parse_rubric_reply(json.dumps({"fact_groups": [{"name": "the value", "facts": [fact["answer"]]}]}))
+    assert set(groups[0]["facts"][0]) == {"kind", "description", "alternatives"}
+    return src, fact, groups
+
+
+def test_description_only_facts_make_tasks(tasks):
+    "Issue 17 item 12: facts as parse_rubric_reply / propose_rubric return them made make_task raise KeyError: 'question'."
+    src, fact, groups = _described(tasks)
+    site, asked = src.rubric["website"], f"On this website, report {fact['question']}."
+    task = make_task(site, groups, instruction=asked)
+    assert task.instruction == asked and task.difficulty == 1 and task.rubric["reference_answer"] == fact["answer"]
+    assert f'confirm that "{fact["answer"]}"' in make_task(site, groups).instruction
+    many = parse_rubric_reply('{"fact_groups": [{"name": "a", "facts": ["x1", "x2", "x3"]}, {"name": "b", "facts": ["y1"]}]}')
+    subs = decompose(make_task(site, many))
+    assert len(subs) == 5 and all(s.difficulty < 4 for s in subs)
+    back = {t.id: t for t in tasks_from_hf(to_hf_dataset([task, *subs]))}
+    assert back[task.id].instruction == asked and back[task.id].rubric["groups"] == task.rubric["groups"]
+
+
+@pytest.mark.xfail(strict=True, reason="needs the evaluator change of issue 17 item 12 in nbs/62_webgym_evaluator.ipynb "
+                   "(strip_questions must not delete a fact's own accepted text); remove this mark with it")
+def test_description_only_facts_earn_the_rubric_reward(tasks, sites):
+    "End to end: the scripted navigator opens the page that shows the value and answers with the reference answer."
+    src, fact, groups = _described(tasks)
+    task = make_task(src.rubric["website"], groups, instruction=f"On this website, report {fact['question']}.")
+    nav = PageNavigator(pages={task.id: [fact["evidence"]["url"]]}, answer=True)
+    with RolloutEngine(nav, lambda: make_web_task_env(task, sites), RolloutConfig(max_turns=12, n_envs=1)) as eng:
+        (tr,), = eng.run([task])
+    last = tr.turns[-1]
+    assert url_path(tr.turns[-2].obs.data["url"]) == fact["evidence"]["url"] and last.action == f"answer({json.dumps(fact['answer'])})"
+    assert last.done and last.reward == 1.0 and tr.success, last.info.get("rubric_verdict")
 
 
 def test_webgym_task_file_loader(tmp_path):

@@ -4,17 +4,21 @@
 
 # %% ../../nbs/15_browser.ipynb #07926d80
 from __future__ import annotations
-import ast, concurrent.futures, functools, http.server, importlib.util, json, re, threading, time
+import concurrent.futures, contextlib, functools, http.server, importlib.util, json, re, socket, socketserver, threading, time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 from urllib.parse import urlsplit
+from fastcore.basics import patch
 from ..lab.settings import settings
 from ..core import Task, Observation, Step
 from .core import Env, EnvError, MissingDependency, normalize_text, register_env
 
 # %% auto #0
-__all__ = ['SNAPSHOT_JS', 'ACTION_HELP', 'ACTION_ARITY', 'CHROMIUM_ARGS', 'MINIWOB_SKIP_IDS', 'EXPERT_TASKS', 'SPLIT_SEED_BASE',
-           'StaticSite', 'miniwob_html_dir', 'miniwob_task_names', 'host_allowed', 'render_tree', 'ActionError',
-           'parse_command', 'BrowserEnv', 'miniwob_expert', 'list_miniwob_tasks', 'list_web_tasks']
+__all__ = ['SNAPSHOT_JS', 'ACTION_HELP', 'ACTION_ARITY', 'CHROMIUM_ARGS', 'MINIWOB_SKIP_IDS', 'CHROMIUM_SERVICE_HOSTS',
+           'EXPERT_TASKS', 'SPLIT_SEED_BASE', 'StaticSite', 'miniwob_html_dir', 'miniwob_task_names', 'host_allowed',
+           'block_reason', 'AllowlistProxy', 'render_tree', 'ActionError', 'parse_command', 'BrowserTimeouts',
+           'BrowserEnv', 'miniwob_expert', 'list_miniwob_tasks', 'list_web_tasks']
 
 # %% ../../nbs/15_browser.ipynb #d36099bc
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
@@ -51,21 +55,149 @@ def miniwob_task_names() -> list[str]:
     return sorted(p.stem for p in (miniwob_html_dir() / "miniwob").glob("*.html"))
 
 # %% ../../nbs/15_browser.ipynb #68b29cda
+def _entry_allows(entry: str, host: str, port: int, default_port: int) -> bool:
+    entry = entry.lower().strip()
+    name, sep, entry_port = entry.rpartition(":") if entry.rpartition(":")[2].isdigit() else (entry, "", "")
+    if (int(entry_port) if sep else default_port) != port: return False
+    name = name.strip("[]")                   # [::1]:8000
+    if name.startswith("*."): return host == name[2:] or host.endswith(name[1:])
+    return host == name
+
 def host_allowed(url: str, allowed: set[str] | list[str]) -> bool:
     "Whether `url` may be fetched under the allowlist `allowed`."
-    parts = urlsplit(url)
+    try: parts = urlsplit(url); port = parts.port
+    except ValueError: return False          # a malformed URL or port
     if parts.scheme in ("data", "blob", "about"): return True
-    if parts.scheme not in ("http", "https") or not parts.hostname: return False
-    host = parts.hostname.lower()
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    for entry in allowed:
-        entry = entry.lower()
-        if entry.startswith("*."):
-            if host == entry[2:] or host.endswith(entry[1:]): return True
-        elif ":" in entry:
-            if entry == f"{host}:{port}": return True
-        elif entry == host: return True
-    return False
+    if parts.scheme not in ("http", "https", "ws", "wss") or not parts.hostname: return False
+    default = 443 if parts.scheme in ("https", "wss") else 80
+    return any(_entry_allows(e, parts.hostname.lower(), port or default, default) for e in allowed)
+
+def block_reason(url: str) -> str:
+    "Why `url` is refused, in words (for the record of blocked requests)."
+    try: parts = urlsplit(url); port = parts.port
+    except ValueError: return "malformed URL"
+    if parts.scheme not in ("http", "https", "ws", "wss"): return f"scheme {parts.scheme or '(none)'}: only http(s) is fetched"
+    default = 443 if parts.scheme in ("https", "wss") else 80
+    return f"{parts.hostname}:{port or default} is not on the allowlist"
+
+# %% ../../nbs/15_browser.ipynb #3aa1b32e
+_HOP_BY_HOP = {"connection", "proxy-connection", "keep-alive", "proxy-authorization", "proxy-authenticate"}
+
+def _read_head(sock: socket.socket, limit: int = 65536, buf: bytes = b"") -> tuple[bytes, bytes]:
+    "An HTTP head (request or response, without its blank line) read from `sock` after `buf`, and the bytes after it."
+    while (end := buf.find(b"\r\n\r\n")) < 0:
+        if len(buf) > limit: raise ValueError(f"HTTP head longer than {limit} bytes")
+        chunk = sock.recv(65536)
+        if not chunk: raise ValueError("the connection closed before the end of the HTTP head")
+        buf += chunk
+    return buf[:end], buf[end + 4:]
+
+def _close_headers(lines: list[str]) -> bytes:
+    "Header lines without the hop-by-hop ones, plus `Connection: close`, ending the head."
+    kept = [l for l in lines if l.split(":", 1)[0].strip().lower() not in _HOP_BY_HOP]
+    return ("\r\n".join(kept + ["Connection: close"]) + "\r\n\r\n").encode("latin-1")
+
+def _pipe(src: socket.socket, dst: socket.socket):
+    "Copy bytes from `src` to `dst` until either side closes; then end `dst`'s write side."
+    try:
+        while data := src.recv(65536): dst.sendall(data)
+    except OSError: pass
+    finally:
+        try: dst.shutdown(socket.SHUT_WR)
+        except OSError: pass
+
+def _reply(sock: socket.socket, code: int, text: str):
+    body = text.encode()
+    head = f"HTTP/1.1 {code} {http.server.BaseHTTPRequestHandler.responses.get(code, ('',))[0]}\r\n" \
+           f"Content-Type: text/plain\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    try: sock.sendall(head.encode() + body)
+    except OSError: pass
+
+# %% ../../nbs/15_browser.ipynb #0ab4cb3d
+class _ProxyHandler(socketserver.BaseRequestHandler):
+    def handle(self):
+        proxy, client = self.server.proxy, self.request
+        client.settimeout(proxy.idle_s)
+        try: head, rest = _read_head(client)
+        except (OSError, ValueError): return
+        lines = head.decode("latin-1").split("\r\n")
+        method, target, version = (lines[0].split(" ") + ["", "", ""])[:3]
+        tunnel = method == "CONNECT"
+        url = f"{'https' if target.endswith(':443') else 'http'}://{target}/" if tunnel else target
+        try: parts = urlsplit(url); host, port = parts.hostname, parts.port or 80
+        except ValueError: host = None
+        if not host or (not tunnel and parts.scheme != "http"):
+            proxy.record({"url": target[:500], "method": method[:20], "reason": "not a proxy request for an http URL", "by": "proxy"})
+            return _reply(client, 400, "labmod's proxy forwards http://host/ requests and CONNECT host:port only")
+        if not proxy.permits(url):
+            proxy.record({"url": target[:2000], "method": method, "reason": block_reason(url), "by": "proxy"})
+            return _reply(client, 403, f"blocked by labmod's allowlist: {host}:{port}")
+        try: upstream = socket.create_connection((host, port), timeout=proxy.idle_s)
+        except OSError as e: return _reply(client, 502, f"labmod's proxy could not reach {host}:{port}: {e}")
+        with proxy.tracked(upstream, client):
+            if tunnel:
+                client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                if rest: upstream.sendall(rest)
+            else:
+                path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+                upstream.sendall(f"{method} {path} {version}\r\n".encode("latin-1") + _close_headers(lines[1:]) + rest)
+            sender = threading.Thread(target=_pipe, args=(client, upstream), daemon=True)
+            sender.start()
+            if not tunnel: self._response_head(client, upstream)
+            _pipe(upstream, client)
+            sender.join(proxy.idle_s)
+
+    def _response_head(self, client: socket.socket, upstream: socket.socket):
+        "Forward the response head (after any 1xx ones) with `Connection: close`: the browser sends no second request here."
+        rest = b""
+        while True:
+            try: head, rest = _read_head(upstream, 1 << 20, rest)
+            except (OSError, ValueError): return
+            lines = head.decode("latin-1").split("\r\n")
+            if re.match(r"HTTP/\S+ 1\d\d", lines[0]): client.sendall(head + b"\r\n\r\n"); continue
+            client.sendall(lines[0].encode("latin-1") + b"\r\n" + _close_headers(lines[1:]) + rest)
+            return
+
+# %% ../../nbs/15_browser.ipynb #8d6cc04d
+class _ProxyServer(socketserver.ThreadingTCPServer):
+    daemon_threads, allow_reuse_address = True, True
+
+class AllowlistProxy:
+    """An HTTP proxy on 127.0.0.1:<free port> that forwards a request or tunnel only when `permits(url)`,
+    and calls `record(entry)` for every one it refuses (`entry`: url, method, reason, by='proxy')."""
+    def __init__(self, permits: Callable[[str], bool], record: Callable[[dict], None], idle_s: float = 120.0):
+        self.permits, self.record, self.idle_s = permits, record, idle_s
+        self._open: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self.server = _ProxyServer(("127.0.0.1", 0), _ProxyHandler)
+        self.server.proxy = self
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True, name="allowlist-proxy")
+        self.thread.start()
+
+    @property
+    def port(self) -> int: return self.server.server_address[1]
+
+    @property
+    def url(self) -> str: return f"http://127.0.0.1:{self.port}"
+
+    @contextlib.contextmanager
+    def tracked(self, *socks: socket.socket):
+        "Keep `socks` open for the block; `close()` cuts them meanwhile (a WebSocket tunnel may never end by itself)."
+        with self._lock: self._open.update(socks)
+        try: yield
+        finally:
+            with self._lock: self._open.difference_update(socks)
+            for s in socks:
+                try: s.close()
+                except OSError: pass
+
+    def close(self):
+        "Stop serving and cut the connections still open (WebSocket tunnels, hung upstreams)."
+        self.server.shutdown(); self.server.server_close()
+        with self._lock: open_, self._open = list(self._open), set()
+        for s in open_:
+            try: s.shutdown(socket.SHUT_RDWR); s.close()
+            except OSError: pass
 
 # %% ../../nbs/15_browser.ipynb #edabb812
 SNAPSHOT_JS = r"""
@@ -213,81 +345,128 @@ ACTION_HELP = """Actions (one per turn; ids are the numbers in brackets):
 ACTION_ARITY = {"click": (int,), "type": (int, str), "select": (int, str), "press": (str,),
                 "scroll": (str,), "click_xy": (float, float), "answer": (str,)}
 _CALL = re.compile(r"\b(click_xy|click|type|select|press|scroll|answer)\(")
+_NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?(?![\w.])", re.ASCII)
+_WORD = re.compile(r"[A-Za-z_]\w*", re.ASCII)
+_SPACE = re.compile(r"\s*")
+_STRING = {q: re.compile(q + r"((?:[^" + q + r"\\]|\\.)*)" + q, re.S) for q in "\"'"}
+_ESCAPE = re.compile(r"\\(.)", re.S)
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r"}
 
 class ActionError(ValueError):
     "A malformed action; the message says what is wrong and what is expected."
 
-def _matching_paren(text: str, start: int) -> int:
-    "Index of the `)` closing the `(` at `start - 1`, skipping parentheses inside quotes."
-    depth, quote, i = 1, None, start
-    while i < len(text):
-        c = text[i]
-        if quote:
-            if c == "\\": i += 1
-            elif c == quote: quote = None
-        elif c in "\"'": quote = c
-        elif c == "(": depth += 1
-        elif c == ")":
-            depth -= 1
-            if depth == 0: return i
-        i += 1
-    return -1
+def _clip(text: str, n: int = 60) -> str: return text if len(text) <= n else text[:n] + "..."
 
-def _literal(node):
-    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float, str)): return node.value
-    if (isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant)
-            and type(node.operand.value) in (int, float)): return -node.operand.value
-    if isinstance(node, ast.Name): return node.id                       # bare word: scroll(down), press(Enter)
-    if isinstance(node, ast.List) and len(node.elts) == 1: return _literal(node.elts[0])   # click([12])
-    raise ActionError(f"cannot read the argument {ast.unparse(node)!r}")
+def _first_line(e: BaseException, limit: int = 300) -> str:
+    "The first line of an exception's message, or its type's name when the message is empty (MemoryError())."
+    lines = str(e).strip().splitlines()
+    return (lines[0] if lines else type(e).__name__)[:limit]
 
-def parse_command(text: str) -> tuple[str, tuple]:
-    "`(verb, args)` for the first well-formed action call in `text`; else `ActionError` saying what is wrong with the first."
-    calls = list(_CALL.finditer(text or ""))
-    if not calls: raise ActionError(f"no action found in {(text or '')[:80]!r}")
-    first_error = None
-    for m in calls:
-        try: return _parse_call(text, m)
-        except ActionError as e: first_error = first_error or e
-    raise first_error
+def _literal_at(text: str, i: int, brackets: bool = True) -> tuple[object, int]:
+    "The literal starting at `text[i]` (`[literal]` when `brackets`) and the index after it; ActionError if there is none."
+    c = text[i:i + 1]
+    if c in _STRING:
+        if not (m := _STRING[c].match(text, i)): raise ActionError("a quoted text is not closed")
+        return _ESCAPE.sub(lambda e: _ESCAPES.get(e.group(1), e.group(1)), m.group(1)), m.end()
+    if c == "[" and brackets:                                          # click([12]), never nested
+        value, j = _literal_at(text, _SPACE.match(text, i + 1).end(), brackets=False)
+        j = _SPACE.match(text, j).end()
+        if text[j:j + 1] != "]": raise ActionError("a '[' is not closed with ']'")
+        return value, j + 1
+    if m := _NUMBER.match(text, i):
+        if len(m.group()) > 40: raise ActionError(f"the number {_clip(m.group(), 20)} is too long")
+        s = m.group()
+        return (int(s) if re.fullmatch(r"[-+]?\d+", s) else float(s)), m.end()
+    if m := _WORD.match(text, i): return m.group(), m.end()            # bare word: scroll(down), press(Enter)
+    raise ActionError(f"cannot read the argument {_clip(text[i:], 20)!r}")
 
-def _parse_call(text: str, m: re.Match) -> tuple[str, tuple]:
-    verb, end = m.group(1), _matching_paren(text, m.end())
-    if end < 0: end = text.rfind(")")            # an unbalanced quote, as in answer(it's 5)
-    if end < m.end() - 1: raise ActionError(f"{verb}( is not closed with ')'")
-    raw = text[m.end():end].strip()
-    try:
-        call = ast.parse(f"f({raw})", mode="eval").body
-        if call.keywords: raise ActionError(f"{verb} takes positional arguments only")
-        args = [_literal(a) for a in call.args]
-    except (SyntaxError, ValueError) as e:
-        if isinstance(e, ActionError) and not raw: raise
-        if ACTION_ARITY[verb] == (str,) and raw: args = [raw.strip("\"'")]   # answer(it's 5) and the like
-        else: raise ActionError(f"cannot parse the arguments of {verb}({raw})") from None
+def _arguments(text: str, i: int) -> tuple[list, int]:
+    "The literal arguments from `text[i:]` to the closing ')' and the index after it; ActionError otherwise."
+    args, i = [], _SPACE.match(text, i).end()
+    while text[i:i + 1] != ")":
+        if i >= len(text): raise ActionError("it is not closed with ')'")
+        value, i = _literal_at(text, i)
+        args.append(value)
+        i = _SPACE.match(text, i).end()
+        if text[i:i + 1] == ",": i = _SPACE.match(text, i + 1).end()
+        elif text[i:i + 1] != ")": raise ActionError(f"cannot read the arguments at {_clip(text[i:], 20)!r}")
+    return args, i + 1
+
+# %% ../../nbs/15_browser.ipynb #3ee18883
+def _closing_parens(text: str) -> dict[int, int]:
+    "For each '(' its matching ')' (quotes ignored), in one pass."
+    stack, out = [], {}
+    for m in re.finditer(r"[()]", text):
+        if m.group() == "(": stack.append(m.start())
+        elif stack: out[stack.pop()] = m.start()
+    return out
+
+def _typed(verb: str, args: list) -> tuple:
+    "The arguments of `verb` checked and converted to its kinds; ActionError saying what is wrong."
     kinds = ACTION_ARITY[verb]
-    if len(args) != len(kinds):
-        raise ActionError(f"{verb} takes {len(kinds)} argument(s), got {len(args)}")
+    if len(args) != len(kinds): raise ActionError(f"{verb} takes {len(kinds)} argument(s), got {len(args)}")
     out = []
     for a, kind in zip(args, kinds):
         if kind is int:
-            if isinstance(a, str) and a.strip().lstrip("[").rstrip("]").isdigit(): a = int(a.strip().strip("[]"))
-            if not isinstance(a, int) or isinstance(a, bool): raise ActionError(f"{verb} needs an element id (a number), got {a!r}")
+            if isinstance(a, str) and re.fullmatch(r"\s*\[?\s*\d{1,12}\s*\]?\s*", a, re.ASCII): a = int(a.strip().strip("[]"))
+            if not isinstance(a, int): raise ActionError(f"{verb} needs an element id (a number), got {_clip(repr(a))}")
         elif kind is float:
-            if not isinstance(a, (int, float)): raise ActionError(f"{verb} needs numbers on the 0-1000 grid, got {a!r}")
+            if not isinstance(a, (int, float)): raise ActionError(f"{verb} needs numbers on the 0-1000 grid, got {_clip(repr(a))}")
             if not 0 <= a <= 1000: raise ActionError(f"{verb} coordinates must lie in 0-1000, got {a}")
             a = float(a)
         else: a = str(a)
         out.append(a)
-    if verb == "scroll" and out[0].lower() not in ("up", "down"): raise ActionError(f"scroll takes up or down, got {out[0]!r}")
-    return verb, tuple(out)
+    if verb == "scroll" and out[0].lower() not in ("up", "down"): raise ActionError(f"scroll takes up or down, got {_clip(repr(out[0]))}")
+    return tuple(out)
+
+def parse_command(text: str) -> tuple[str, tuple]:
+    "`(verb, args)` for the first well-formed action call in `text`; else `ActionError` saying what is wrong with the first."
+    if not isinstance(text, str): raise ActionError(f"an action is text, got {type(text).__name__}")
+    first_error, closing = None, None
+    for m in _CALL.finditer(text):
+        verb = m.group(1)
+        try:
+            try: args, _ = _arguments(text, m.end())
+            except ActionError as e:
+                raw_end = None
+                if ACTION_ARITY[verb] == (str,):      # answer(it's 42), press(Control+a): the raw text is the argument
+                    closing = closing if closing is not None else _closing_parens(text)
+                    raw_end = closing.get(m.end() - 1)
+                if raw_end is None or not text[m.end():raw_end].strip(): raise ActionError(f"{verb}(...): {e}") from None
+                args = [text[m.end():raw_end].strip().strip("\"'")]
+            return verb, _typed(verb, args)
+        except ActionError as e: first_error = first_error or e
+    if first_error: raise first_error
+    raise ActionError(f"no action found in {_clip(text, 80)!r}")
 
 # %% ../../nbs/15_browser.ipynb #5f4a67a3
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-MINIWOB_SKIP_IDS = ["reward-display", "sync-task-cover", "click-canvas", "query"]
+@dataclass
+class BrowserTimeouts:
+    "How long `BrowserEnv` waits, per kind of wait."
+    episode_ms: int = 600_000     # MiniWoB's own episode timer: long, so the step limit (not a model's thinking time) ends episodes
+    action_ms: int = 2000         # one click, fill or select on an element
+    load_ms: int = 15000          # a page load, and MiniWoB's task setup
+    call_s: float = 120.0         # one reset or step in all; past it the env reports a hung page (EnvError)
+    def __post_init__(self):
+        for f in ("episode_ms", "action_ms", "load_ms", "call_s"):
+            v = getattr(self, f)
+            if not (isinstance(v, (int, float)) and 0 < v < float("inf")): raise ValueError(f"BrowserTimeouts.{f} must be a positive number, got {v!r}")
 
-def _launch_chromium():
-    "Start Playwright and Debian's Chromium; errors name what to install."
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--no-pings", "--disable-domain-reliability", "--disable-client-side-phishing-detection",
+                 # WebRTC may send UDP only through the proxy, which carries none: no STUN, no host candidates
+                 "--force-webrtc-ip-handling-policy", "--webrtc-ip-handling-policy=disable_non_proxied_udp",
+                 # the browser resolves no name itself (the proxy does): no DNS prefetch or lookups leave it
+                 "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
+                 "--proxy-bypass-list=<-loopback>"]     # loopback too goes through the proxy (Chromium bypasses it by default)
+MINIWOB_SKIP_IDS = ["reward-display", "sync-task-cover", "click-canvas", "query"]
+# Chromium's own services (component updates, sign-in, autofill predictions) call these hosts by themselves; the
+# proxy refuses them like anything else, but keeps them out of the page's record (`env.service_blocked`)
+CHROMIUM_SERVICE_HOSTS = ["*.google.com", "*.googleapis.com", "*.gvt1.com", "*.gstatic.com"]
+
+def _launch_chromium(proxy: AllowlistProxy):
+    "Start Playwright and Debian's Chromium with every connection through `proxy`; errors name what to install."
     path = settings().chromium_path
     if not Path(path).exists():
         raise MissingDependency(f"Chromium not found at {path}: install the Debian package chromium (apt-get install chromium) "
@@ -297,28 +476,28 @@ def _launch_chromium():
         raise MissingDependency("the python package playwright is missing: pip install playwright "
                                 "(do not run `playwright install`; labmod drives Debian's chromium)") from None
     pw = sync_playwright().start()
-    try: browser = pw.chromium.launch(executable_path=path, args=CHROMIUM_ARGS, headless=True)
+    try: browser = pw.chromium.launch(executable_path=path, args=[*CHROMIUM_ARGS, f"--proxy-server={proxy.url}"], headless=True)
     except Exception as e:
         pw.stop(); raise EnvError(f"Chromium at {path} failed to start: {e}") from e
     return pw, browser
 
+# %% ../../nbs/15_browser.ipynb #fd6e0c45
 class BrowserEnv(Env):
     "MiniWoB++ tasks (`name='miniwob'`) or any URL (`name='web'`) in headless Chromium behind a host allowlist."
     def __init__(self, name: str = "miniwob", screenshot: bool = False, step_limit: int = 10,
                  allowed_hosts: list[str] | None = None, viewport: tuple[int, int] | None = None,
-                 episode_ms: int = 600_000, action_timeout_ms: int = 2000, load_timeout_ms: int = 15000,
-                 call_timeout_s: float = 120.0):
+                 timeouts: BrowserTimeouts | None = None):
         if name not in ("miniwob", "web"): raise ValueError(f"BrowserEnv name must be 'miniwob' or 'web', got {name!r}")
         self.name, self.screenshot, self.step_limit = name, screenshot, step_limit
         self.extra_hosts = list(allowed_hosts or [])
         # MiniWoB's task area is the top-left 160x210; in a viewport that small jQuery UI places dialogs off-screen
         self.viewport = viewport or ((320, 420) if name == "miniwob" else (1280, 720))
-        self.episode_ms, self.action_timeout_ms, self.load_timeout_ms = episode_ms, action_timeout_ms, load_timeout_ms
-        self.call_timeout_s = call_timeout_s
-        self._pw = self._browser = self._context = self.page = self._site = None
-        self._inflight = 0
+        self.timeouts = timeouts or BrowserTimeouts()
+        self._pw = self._browser = self._context = self.page = self._site = self._proxy = None
+        self._inflight, self._crashed = 0, False
         self.allowed: set[str] = set(self.extra_hosts)
-        self.blocked: list[dict] = []
+        self.blocked: list[dict] = []             # requests of the page refused since the last reset
+        self.service_blocked: list[dict] = []     # connections of Chromium's own services refused since then
         self.task: Task | None = None
         self._nodes: list[dict] = []
         self._utterance, self._done, self._steps, self._answer = "", False, 0, None
@@ -329,9 +508,9 @@ class BrowserEnv(Env):
 
     def _on_worker(self, fn, *args):
         if self._worker is None: raise EnvError("this BrowserEnv is closed")
-        try: return self._worker.submit(fn, *args).result(timeout=self.call_timeout_s)
+        try: return self._worker.submit(fn, *args).result(timeout=self.timeouts.call_s)
         except concurrent.futures.TimeoutError:
-            raise EnvError(f"the browser did not answer within {self.call_timeout_s} s (a page script may hang); "
+            raise EnvError(f"the browser did not answer within {self.timeouts.call_s} s (a page script may hang); "
                            "close this env and make a new one") from None
 
     def reset(self, task: Task) -> Observation: return self._on_worker(self._reset, task)
@@ -341,214 +520,251 @@ class BrowserEnv(Env):
         self._worker.submit(self._close).result()
         self._worker.shutdown(); self._worker = None
 
-    # -- browser lifecycle
-    def _ensure_browser(self):
-        if self._alive(): return
-        self._close()
-        if self.name == "miniwob":
-            self._site = StaticSite(miniwob_html_dir())
-        self._pw, self._browser = _launch_chromium()
-        self._context = self._browser.new_context(viewport={"width": self.viewport[0], "height": self.viewport[1]},
-                                                  service_workers="block")
-        self._context.route("**/*", self._route)
-        self.page = self._context.new_page()
-        # requests in flight, so a step on a web page returns once the page's fetches have settled
+# %% ../../nbs/15_browser.ipynb #89043201
+@patch
+def _ensure_browser(self: BrowserEnv):
+    "Chromium, its proxy and MiniWoB's page server running; all started again if the browser is gone."
+    if self._browser is not None and self._browser.is_connected(): return
+    self._close()
+    if self.name == "miniwob": self._site = StaticSite(miniwob_html_dir())
+    self._proxy = AllowlistProxy(lambda url: host_allowed(url, self.allowed), self._proxy_refused)
+    self._pw, self._browser = _launch_chromium(self._proxy)
+
+@patch
+def _proxy_refused(self: BrowserEnv, entry: dict):
+    "Record a connection the proxy refused: the browser's own service traffic apart from the page's requests."
+    own = host_allowed(entry["url"] if "://" in entry["url"] else f"https://{entry['url']}", CHROMIUM_SERVICE_HOSTS)
+    (self.service_blocked if own else self.blocked).append(entry)
+
+@patch
+def _new_page(self: BrowserEnv):
+    "A fresh page for an episode: a new document in the same page for MiniWoB, else a new context and page."
+    if self.name == "miniwob" and self._alive():
+        self.page.goto("about:blank")    # the old document goes, with its scripts, timers, focus, hover and menus
         self._inflight = 0
-        def started(_): self._inflight += 1
-        def ended(_): self._inflight = max(0, self._inflight - 1)
-        self.page.on("request", started)
-        self.page.on("requestfinished", ended)
-        self.page.on("requestfailed", ended)
-        self.page.set_default_timeout(self.load_timeout_ms)
+        return
+    if self._context is not None:
+        try: self._context.close()
+        except Exception: pass    # the context of a crashed page may fail to close cleanly; it is gone either way
+    self._context = self._browser.new_context(viewport={"width": self.viewport[0], "height": self.viewport[1]},
+                                              service_workers="block")
+    self._context.route("**/*", self._route)
+    self.page, self._crashed, self._inflight = self._context.new_page(), False, 0
+    self.page.on("crash", lambda _: setattr(self, "_crashed", True))
+    # requests in flight, so a step on a web page returns once the page's fetches have settled
+    def started(_): self._inflight += 1
+    def ended(_): self._inflight = max(0, self._inflight - 1)
+    self.page.on("request", started)
+    self.page.on("requestfinished", ended)
+    self.page.on("requestfailed", ended)
+    self.page.set_default_timeout(self.timeouts.load_ms)
 
-    def _alive(self) -> bool:
-        return self.page is not None and not self.page.is_closed() and self._browser.is_connected()
+@patch
+def _alive(self: BrowserEnv) -> bool:
+    return self.page is not None and not self._crashed and not self.page.is_closed() and self._browser.is_connected()
 
-    def _route(self, route):
-        req = route.request
-        if host_allowed(req.url, self.allowed): route.continue_()
+@patch
+def _route(self: BrowserEnv, route):
+    req = route.request
+    if host_allowed(req.url, self.allowed): route.continue_()
+    else:
+        self.blocked.append({"url": req.url, "method": req.method, "resource_type": req.resource_type,
+                             "reason": block_reason(req.url), "by": "router"})
+        route.abort("blockedbyclient")
+
+@patch
+def _close(self: BrowserEnv):
+    for closer in (lambda: self._context and self._context.close(), lambda: self._browser and self._browser.close(),
+                   lambda: self._pw and self._pw.stop(), lambda: self._site and self._site.close(),
+                   lambda: self._proxy and self._proxy.close()):
+        try: closer()
+        except Exception: pass     # closing a browser that already died must not mask the original error
+    self._pw = self._browser = self._context = self.page = self._site = self._proxy = None
+
+# %% ../../nbs/15_browser.ipynb #6852abba
+@patch
+def _snapshot(self: BrowserEnv, reset_ids: bool = False) -> list[dict]:
+    opts = {"resetIds": reset_ids, "skipIds": MINIWOB_SKIP_IDS if self.name == "miniwob" else []}
+    self._nodes = self.page.evaluate(SNAPSHOT_JS, opts)
+    return self._nodes
+
+@patch
+def _observe(self: BrowserEnv, reset_ids: bool = False, note: str = "") -> Observation:
+    try: nodes = self._snapshot(reset_ids)
+    except Exception as e:
+        if self.name == "web" and self._alive(): nodes = self._nodes = []   # a page mid-navigation has no tree yet
+        else: raise EnvError(f"reading the {self.name} page failed: {_first_line(e)}") from e
+    tree = render_tree(nodes)
+    if self.name == "miniwob": head = f"Task: {self._utterance}"
+    else:
+        try: title = self.page.title()
+        except Exception: title = ""
+        head = f"{title}\n{self.page.url}"
+    text = (note + "\n\n" if note else "") + head + "\n\n" + tree
+    data = {"axtree": nodes, "url": self.page.url, "blocked_requests": len(self.blocked)}
+    if self.name == "miniwob": data["instruction"] = self._utterance
+    image = self.page.screenshot(type="png") if self.screenshot else None
+    return Observation(text=text, image=image, data=data)
+
+# %% ../../nbs/15_browser.ipynb #b18628d5
+@patch
+def _reset(self: BrowserEnv, task: Task) -> Observation:
+    if task.env != self.name:
+        raise ValueError(f"task {task.id} is for env {task.env!r}, this env is {self.name!r}")
+    self._ensure_browser()
+    self.task, self._done, self._steps, self._answer = task, False, 0, None
+    try:
+        self._new_page()
+        self.blocked, self.service_blocked = [], []
+        if self.name == "miniwob": self._start_miniwob(task)
+        else: self._start_web(task)
+    except (EnvError, MissingDependency, ValueError): raise
+    except Exception as e:
+        raise EnvError(f"reset of {task.id} failed: {_first_line(e)}") from e
+    obs = self._observe(reset_ids=True)
+    if task.instruction and self.name == "web": obs.data["instruction"] = task.instruction
+    return obs
+
+@patch
+def _start_miniwob(self: BrowserEnv, task: Task):
+    name, seed = task.config.get("task"), task.config.get("seed", 0)
+    if not name: raise ValueError(f"miniwob task {task.id} needs config['task'], e.g. 'click-button'")
+    if not (self._site.root / "miniwob" / f"{name}.html").exists():
+        raise ValueError(f"unknown MiniWoB task {name!r} (see miniwob_task_names())")
+    self.allowed = {self._site.host, *self.extra_hosts}
+    self.page.goto(self._site.url(f"miniwob/{name}.html"), wait_until="load")
+    self.page.wait_for_function("typeof core !== 'undefined' && document.getElementById('sync-task-cover') !== null")
+    # the score panel beside the task would show the previous episode's reward in screenshots
+    self.page.add_style_tag(content="#reward-display { display: none !important; }")
+    self.page.evaluate("([seed, ms]) => { Math.seedrandom(seed); core.EPISODE_MAX_TIME = ms; core.startEpisodeReal(); }",
+                       [seed, self.timeouts.episode_ms])
+    self.page.wait_for_function("WOB_TASK_READY === true", timeout=self.timeouts.load_ms)
+    self._utterance = self.page.evaluate("core.getUtterance()")
+
+@patch
+def _start_web(self: BrowserEnv, task: Task):
+    url = task.config.get("url")
+    if not url: raise ValueError(f"web task {task.id} needs config['url']")
+    hosts = task.config.get("allowed_hosts") or [urlsplit(url).netloc or urlsplit(url).hostname]
+    self.allowed = {*hosts, *self.extra_hosts}
+    self._utterance = task.instruction or ""
+    self.page.goto(url, wait_until="load")
+    self._settle()
+
+# %% ../../nbs/15_browser.ipynb #c61e95ee
+@patch
+def _wob_state(self: BrowserEnv) -> dict:
+    try: return self.page.evaluate("({done: WOB_DONE_GLOBAL, raw: WOB_RAW_REWARD_GLOBAL, reason: WOB_REWARD_REASON})")
+    except Exception as e:
+        raise EnvError(f"the MiniWoB page lost its state (navigated away or crashed): {_first_line(e)}") from e
+
+@patch
+def _step(self: BrowserEnv, action: str) -> Step:
+    if self.task is None or self.page is None: raise EnvError("step() before reset()")
+    if self._crashed: raise EnvError(f"the page of {self.task.id} crashed (Target crashed); reset starts a new page")
+    info = {"valid": True} | ({"raw_reward": 0.0, "success": False} if self.name == "miniwob" else {})
+    if self._done:
+        info["valid"] = False
+        return Step(self._observe(note="The episode is over; no action was taken."), 0.0, True, info | {"blocked_requests": list(self.blocked)})
+    self._steps += 1
+    note = ""
+    try:
+        verb, args = parse_command(action)
+        info["action"] = {"verb": verb, "args": list(args)}
+        self._perform(verb, args)
+    except ActionError as e:
+        info["valid"], note = False, f"Invalid action: {e}.\n{ACTION_HELP}"
+    except EnvError: raise
+    except Exception as e:
+        if not self._alive() or "crash" in str(e).lower():
+            raise EnvError(f"the browser died during {_clip(repr(action))}: {_first_line(e)}") from e
+        info["valid"] = False
+        note = f"The action {_clip(repr(action))} failed: {_first_line(e)}"
+    reward, done = 0.0, False
+    if self.name == "miniwob":
+        state = self._wob_state()
+        if state["done"]:
+            done, raw = True, float(state["raw"])
+            info.update(raw_reward=raw, success=raw > 0, reason=state["reason"])
+            reward = 1.0 if raw > 0 else 0.0
+    elif self._answer is not None:
+        done, info["answer"] = True, self._answer
+    if not done and self._steps >= self.step_limit:
+        done, info["truncated"] = True, True
+    self._done = done
+    info["blocked_requests"] = list(self.blocked)
+    info["steps"] = self._steps
+    return Step(self._observe(note=note), reward, done, info)
+
+# %% ../../nbs/15_browser.ipynb #b4e86137
+@patch
+def _element(self: BrowserEnv, lid: int):
+    if not any(n.get("id") == lid for n in self._nodes):
+        raise ActionError(f"there is no element [{lid}] on the page")
+    return self.page.locator(f'[data-lid="{lid}"]').first
+
+@patch
+def _perform(self: BrowserEnv, verb: str, args: tuple):
+    t = self.timeouts.action_ms
+    if verb == "click":
+        el = self._element(args[0])
+        node = next(n for n in self._nodes if n.get("id") == args[0])
+        if node.get("disabled"): raise ActionError(f"[{args[0]}] is disabled")
+        if node["tag"] == "option":     # a native select's options cannot be clicked, only chosen
+            el.locator("xpath=ancestor::select[1]").select_option(value=el.evaluate("e => e.value"), timeout=t)
+        else: el.click(timeout=t)
+    elif verb == "type":
+        node = next((n for n in self._nodes if n.get("id") == args[0]), None)
+        if node is not None and node["role"] not in ("textbox", "searchbox", "spinbutton", "combobox"):
+            raise ActionError(f"[{args[0]}] is not a text box (its role is {node['role']})")
+        self._element(args[0]).fill(args[1], timeout=t)
+    elif verb == "select":
+        el = self._element(args[0])
+        if el.evaluate("e => e.tagName") != "SELECT": raise ActionError(f"[{args[0]}] is not a select box")
+        labels = el.evaluate("e => Array.from(e.options).map(o => o.textContent.trim())")
+        if args[1] in labels: el.select_option(label=args[1], timeout=t)
         else:
-            self.blocked.append({"url": req.url, "method": req.method, "resource_type": req.resource_type})
-            route.abort("blockedbyclient")
-
-    def _close(self):
-        for closer in (lambda: self._context and self._context.close(), lambda: self._browser and self._browser.close(),
-                       lambda: self._pw and self._pw.stop(), lambda: self._site and self._site.close()):
-            try: closer()
-            except Exception: pass     # closing a browser that already died must not mask the original error
-        self._pw = self._browser = self._context = self.page = self._site = None
-
-    # -- observation
-    def _snapshot(self, reset_ids: bool = False) -> list[dict]:
-        opts = {"resetIds": reset_ids, "skipIds": MINIWOB_SKIP_IDS if self.name == "miniwob" else []}
-        self._nodes = self.page.evaluate(SNAPSHOT_JS, opts)
-        return self._nodes
-
-    def _observe(self, reset_ids: bool = False, note: str = "") -> Observation:
-        try: nodes = self._snapshot(reset_ids)
+            try: el.select_option(value=args[1], timeout=t)
+            except Exception: raise ActionError(f"[{args[0]}] has no option {_clip(repr(args[1]))}; options: {labels}") from None
+    elif verb == "press":
+        try: self.page.keyboard.press(args[0])
         except Exception as e:
-            if self.name == "web": nodes = self._nodes = []   # a page mid-navigation has no tree yet
-            else: raise EnvError(f"reading the MiniWoB page failed: {e}") from e
-        tree = render_tree(nodes)
-        if self.name == "miniwob": head = f"Task: {self._utterance}"
-        else:
-            try: title = self.page.title()
-            except Exception: title = ""
-            head = f"{title}\n{self.page.url}"
-        text = (note + "\n\n" if note else "") + head + "\n\n" + tree
-        data = {"axtree": nodes, "url": self.page.url, "blocked_requests": len(self.blocked)}
-        if self.name == "miniwob": data["instruction"] = self._utterance
-        image = self.page.screenshot(type="png") if self.screenshot else None
-        return Observation(text=text, image=image, data=data)
+            if "Unknown key" in str(e): raise ActionError(f"unknown key {_clip(repr(args[0]))} (use names like Enter, Tab, ArrowDown, Control+a)") from None
+            raise
+    elif verb == "scroll":
+        w, h = self.viewport
+        self.page.mouse.move(w / 2, h / 2)
+        self.page.mouse.wheel(0, (h * 0.8) * (1 if args[0].lower() == "down" else -1))
+    elif verb == "click_xy":
+        w, h = self.viewport
+        self.page.mouse.click(args[0] / 1000 * w, args[1] / 1000 * h)
+    elif verb == "answer":
+        if self.name == "miniwob": raise ActionError("answer() ends web tasks; a MiniWoB task ends by acting on the page")
+        self._answer = args[0]
+    if self.name == "web": self._settle()
 
-    # -- episodes
-    def _reset(self, task: Task) -> Observation:
-        if task.env != self.name:
-            raise ValueError(f"task {task.id} is for env {task.env!r}, this env is {self.name!r}")
-        self._ensure_browser()
-        self.task, self._done, self._steps, self._answer = task, False, 0, None
-        self.blocked = []
-        try:
-            if self.name == "miniwob": self._start_miniwob(task)
-            else: self._start_web(task)
-        except (EnvError, MissingDependency, ValueError): raise
-        except Exception as e:
-            raise EnvError(f"reset of {task.id} failed: {e}") from e
-        obs = self._observe(reset_ids=True)
-        if task.instruction and self.name == "web": obs.data["instruction"] = task.instruction
-        return obs
+@patch
+def _settle(self: BrowserEnv, quiet_ms: int = 100, max_ms: int = 3000):
+    "Wait (at most `max_ms`) until the page has loaded and no request was in flight for `quiet_ms`."
+    try: self.page.wait_for_load_state("load", timeout=self.timeouts.load_ms)
+    except Exception: pass    # a page that never finishes loading is still observed as it is
+    t_end, quiet_since = time.monotonic() + max_ms / 1000, None
+    while time.monotonic() < t_end:
+        if self._inflight > 0: quiet_since = None
+        elif quiet_since is None: quiet_since = time.monotonic()
+        elif time.monotonic() - quiet_since >= quiet_ms / 1000: return
+        self.page.wait_for_timeout(25)    # lets Playwright deliver the request events
 
-    def _start_miniwob(self, task: Task):
-        name, seed = task.config.get("task"), task.config.get("seed", 0)
-        if not name: raise ValueError(f"miniwob task {task.id} needs config['task'], e.g. 'click-button'")
-        if not (self._site.root / "miniwob" / f"{name}.html").exists():
-            raise ValueError(f"unknown MiniWoB task {name!r} (see miniwob_task_names())")
-        self.allowed = {self._site.host, *self.extra_hosts}
-        url = self._site.url(f"miniwob/{name}.html")
-        if self.page.url.split("#")[0] != url:      # tab links change only the fragment
-            self.page.goto(url, wait_until="load")
-            self.page.wait_for_function("typeof core !== 'undefined' && document.getElementById('sync-task-cover') !== null")
-            # the score panel beside the task would show the previous episode's reward in screenshots
-            self.page.add_style_tag(content="#reward-display { display: none !important; }")
-        self.page.evaluate("([seed, ms]) => { Math.seedrandom(seed); core.EPISODE_MAX_TIME = ms; core.startEpisodeReal(); }",
-                           [seed, self.episode_ms])
-        self.page.wait_for_function("WOB_TASK_READY === true", timeout=self.load_timeout_ms)
-        self._utterance = self.page.evaluate("core.getUtterance()")
+@patch
+def expert_action(self: BrowserEnv) -> str | None:
+    "A scripted next action for a few simple MiniWoB tasks (see `miniwob_expert`); None elsewhere."
+    if self.name != "miniwob" or self.task is None or self._done: return None
+    return miniwob_expert(self.task.config.get("task", ""), self._utterance, self._nodes)
 
-    def _start_web(self, task: Task):
-        url = task.config.get("url")
-        if not url: raise ValueError(f"web task {task.id} needs config['url']")
-        hosts = task.config.get("allowed_hosts") or [urlsplit(url).netloc or urlsplit(url).hostname]
-        self.allowed = {*hosts, *self.extra_hosts}
-        self._utterance = task.instruction or ""
-        self._inflight = 0          # requests of the previous page may never report their end
-        self.page.goto(url, wait_until="load")
-        self._settle()
-
-    def _wob_state(self) -> dict:
-        try: return self.page.evaluate("({done: WOB_DONE_GLOBAL, raw: WOB_RAW_REWARD_GLOBAL, reason: WOB_REWARD_REASON})")
-        except Exception as e:
-            raise EnvError(f"the MiniWoB page lost its state (navigated away or crashed): {e}") from e
-
-    def _step(self, action: str) -> Step:
-        if self.task is None or self.page is None: raise EnvError("step() before reset()")
-        info = {"valid": True} | ({"raw_reward": 0.0, "success": False} if self.name == "miniwob" else {})
-        if self._done:
-            info["valid"] = False
-            return Step(self._observe(note="The episode is over; no action was taken."), 0.0, True, info | {"blocked_requests": list(self.blocked)})
-        self._steps += 1
-        note = ""
-        try:
-            verb, args = parse_command(action)
-            info["action"] = {"verb": verb, "args": list(args)}
-            self._perform(verb, args)
-        except ActionError as e:
-            info["valid"], note = False, f"Invalid action: {e}.\n{ACTION_HELP}"
-        except EnvError: raise
-        except Exception as e:
-            if not self._alive() or "crash" in str(e).lower():
-                raise EnvError(f"the browser died during {action!r}: {e}") from e
-            info["valid"] = False
-            note = f"The action {action!r} failed: {str(e).splitlines()[0][:300]}"
-        reward, done = 0.0, False
-        if self.name == "miniwob":
-            state = self._wob_state()
-            if state["done"]:
-                done, raw = True, float(state["raw"])
-                info.update(raw_reward=raw, success=raw > 0, reason=state["reason"])
-                reward = 1.0 if raw > 0 else 0.0
-        elif self._answer is not None:
-            done, info["answer"] = True, self._answer
-        if not done and self._steps >= self.step_limit:
-            done, info["truncated"] = True, True
-        self._done = done
-        info["blocked_requests"] = list(self.blocked)
-        info["steps"] = self._steps
-        return Step(self._observe(note=note), reward, done, info)
-
-    def _element(self, lid: int):
-        if not any(n.get("id") == lid for n in self._nodes):
-            raise ActionError(f"there is no element [{lid}] on the page")
-        return self.page.locator(f'[data-lid="{lid}"]').first
-
-    def _perform(self, verb: str, args: tuple):
-        t = self.action_timeout_ms
-        if verb == "click":
-            el = self._element(args[0])
-            node = next(n for n in self._nodes if n.get("id") == args[0])
-            if node.get("disabled"): raise ActionError(f"[{args[0]}] is disabled")
-            if node["tag"] == "option":     # a native select's options cannot be clicked, only chosen
-                el.locator("xpath=ancestor::select[1]").select_option(value=el.evaluate("e => e.value"), timeout=t)
-            else: el.click(timeout=t)
-        elif verb == "type":
-            node = next((n for n in self._nodes if n.get("id") == args[0]), None)
-            if node is not None and node["role"] not in ("textbox", "searchbox", "spinbutton", "combobox"):
-                raise ActionError(f"[{args[0]}] is not a text box (its role is {node['role']})")
-            self._element(args[0]).fill(args[1], timeout=t)
-        elif verb == "select":
-            el = self._element(args[0])
-            if el.evaluate("e => e.tagName") != "SELECT": raise ActionError(f"[{args[0]}] is not a select box")
-            labels = el.evaluate("e => Array.from(e.options).map(o => o.textContent.trim())")
-            if args[1] in labels: el.select_option(label=args[1], timeout=t)
-            else:
-                try: el.select_option(value=args[1], timeout=t)
-                except Exception: raise ActionError(f"[{args[0]}] has no option {args[1]!r}; options: {labels}") from None
-        elif verb == "press":
-            try: self.page.keyboard.press(args[0])
-            except Exception as e:
-                if "Unknown key" in str(e): raise ActionError(f"unknown key {args[0]!r} (use names like Enter, Tab, ArrowDown, Control+a)") from None
-                raise
-        elif verb == "scroll":
-            w, h = self.viewport
-            self.page.mouse.move(w / 2, h / 2)
-            self.page.mouse.wheel(0, (h * 0.8) * (1 if args[0].lower() == "down" else -1))
-        elif verb == "click_xy":
-            w, h = self.viewport
-            self.page.mouse.click(args[0] / 1000 * w, args[1] / 1000 * h)
-        elif verb == "answer":
-            if self.name == "miniwob": raise ActionError("answer() ends web tasks; a MiniWoB task ends by acting on the page")
-            self._answer = args[0]
-        if self.name == "web": self._settle()
-
-    def _settle(self, quiet_ms: int = 100, max_ms: int = 3000):
-        "Wait (at most `max_ms`) until the page has loaded and no request was in flight for `quiet_ms`."
-        try: self.page.wait_for_load_state("load", timeout=self.load_timeout_ms)
-        except Exception: pass    # a page that never finishes loading is still observed as it is
-        t_end, quiet_since = time.monotonic() + max_ms / 1000, None
-        while time.monotonic() < t_end:
-            if self._inflight > 0: quiet_since = None
-            elif quiet_since is None: quiet_since = time.monotonic()
-            elif time.monotonic() - quiet_since >= quiet_ms / 1000: return
-            self.page.wait_for_timeout(25)    # lets Playwright deliver the request events
-
-    def expert_action(self) -> str | None:
-        "A scripted next action for a few simple MiniWoB tasks (see `miniwob_expert`); None elsewhere."
-        if self.name != "miniwob" or self.task is None or self._done: return None
-        return miniwob_expert(self.task.config.get("task", ""), self._utterance, self._nodes)
-
-    def normalize(self, text: str) -> str:
-        "The tree with its ids (they are stable), through `normalize_text`."
-        return normalize_text(text)
+@patch
+def normalize(self: BrowserEnv, text: str) -> str:
+    "The tree with its ids (they are stable), through `normalize_text`."
+    return normalize_text(text)
 
 # %% ../../nbs/15_browser.ipynb #44fb6c20
 def _find(nodes, role=None, name=None, casefold=False):

@@ -12,7 +12,7 @@ from .websites import (SITES, DEFAULT_SITES, Page, HtmlNode, read_page, reachabl
 
 # %% auto #0
 __all__ = ['DIFFICULTY_BINS', 'CRITERIA_PROMPT', 'PAGE_TASK_PROMPT', 'rubric_facts', 'rubric_difficulty', 'evidence_pages',
-           'difficulty_bin', 'compact', 'table_facts', 'definition_facts', 'heading_facts', 'page_facts',
+           'difficulty_bin', 'compact', 'table_facts', 'definition_facts', 'heading_facts', 'page_facts', 'fact_text',
            'instruction_for', 'reference_answer', 'make_task', 'bind_task', 'site_fact_pages', 'generate_tasks',
            'can_decompose', 'decompose', 'website_split', 'dataset_stats', 'to_hf_dataset', 'export_tasks',
            'tasks_from_hf', 'parse_rubric_reply', 'propose_rubric', 'llm_task_from_page']
@@ -129,28 +129,41 @@ def page_facts(page: Page) -> list[dict]:
     return out
 
 # %% ../../nbs/61_webgym_rubric.ipynb #1e4ebcd4
+def fact_text(fact: dict) -> str:
+    "What a fact asks for: its question, or (a description-only fact) its description."
+    text = fact.get("question") or fact.get("description")
+    if not text: raise ValueError(f"a rubric fact needs a 'question' or a 'description', got keys {sorted(fact)}")
+    return text
+
+def _asked(fact: dict) -> str:
+    return fact["question"] if fact.get("question") else f'confirm that "{fact["description"]}"'
+
 def instruction_for(site: str, groups: list[dict]) -> str:
     "The task instruction for fact `groups` on `site` (one sentence per page)."
     parts = [f"On the {SITES[site].title} website, find the answers below and reply with all of them."]
     for i, g in enumerate(groups):
-        qs = "; ".join(f["question"] for f in g["facts"])
+        qs = "; ".join(_asked(f) for f in g["facts"])
         parts.append(f'{"Find" if i == 0 else "Then find"} the page "{g["name"]}" and report {qs}.')
     return " ".join(parts)
 
 def reference_answer(groups: list[dict]) -> str:
-    return "; ".join(f"{f['question']}: {f['answer']}" for g in groups for f in g["facts"])
+    "The values of every fact (`question: answer`; a description-only fact by its description)."
+    return "; ".join(f"{f['question']}: {f['answer']}" if f.get("question") and f.get("answer") else fact_text(f)
+                     for g in groups for f in g["facts"])
 
-def make_task(site: str, groups: list[dict], split: str = "train", parent: str | None = None, source: str = "generated") -> Task:
-    "A web `Task` with its rubric: fact ids are assigned here (g<group>f<fact>), difficulty = number of facts."
+def make_task(site: str, groups: list[dict], split: str = "train", parent: str | None = None, source: str = "generated",
+              instruction: str | None = None) -> Task:
+    """A web `Task` with its rubric: fact ids are assigned here (g<group>f<fact>), difficulty = number of facts;
+    the instruction is built from the facts unless given (a rubric proposed for an existing task)."""
     groups = copy.deepcopy(groups)
     for gi, g in enumerate(groups):
-        for fi, f in enumerate(g["facts"]): f.setdefault("id", f"g{gi}f{fi}")
+        for fi, f in enumerate(g["facts"]): fact_text(f); f.setdefault("id", f"g{gi}f{fi}")
     rubric = {"website": site, "start_page": SITES[site].start_page, "logic": "AND", "groups": groups,
               "reference_answer": reference_answer(groups)}
-    key = json.dumps([site, [[f["question"] for f in g["facts"]] for g in groups]], sort_keys=True)
+    key = json.dumps([site, [[fact_text(f) for f in g["facts"]] for g in groups]], sort_keys=True)
     tid = f"web/{site}/{hashlib.sha1(key.encode()).hexdigest()[:10]}"
     n = rubric_difficulty(rubric)
-    return Task(id=tid, env="web", split=split, instruction=instruction_for(site, groups),
+    return Task(id=tid, env="web", split=split, instruction=instruction or instruction_for(site, groups),
                 config={"site": site, "start_page": SITES[site].start_page}, rubric=rubric, difficulty=float(n),
                 metadata={"website": site, "difficulty_bin": difficulty_bin(n), "n_groups": len(groups), "source": source,
                           "parent": parent, "domain": SITES[site].domain, "subdomain": SITES[site].subdomain})
@@ -288,7 +301,8 @@ def tasks_from_hf(ds) -> list[Task]:
     for split, d in splits:
         for r in d:
             rub = json.loads(r["rubric"])
-            t = make_task(rub["website"], rub["groups"], split=split or "train", parent=r["parent"] or None, source=r["source"])
+            t = make_task(rub["website"], rub["groups"], split=split or "train", parent=r["parent"] or None, source=r["source"],
+                          instruction=r["instruction"])
             out.append(t)
     return out
 
