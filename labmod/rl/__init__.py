@@ -13,6 +13,7 @@ _NAMES = {
     **dict.fromkeys(['Sample', 'samples_from_groups', 'reinforce_samples', 'trainable'], 'labmod.rl.samples'),
     **dict.fromkeys(['PolicyTrainer', 'PPOTrainer', 'sft', 'seed_everything'], 'labmod.rl.trainer'),
     **dict.fromkeys(['train', 'RunTasks', 'RunHooks', 'train_loop', 'warm_start', 'demonstrations', 'evaluate'], 'labmod.rl.run'),
+    **dict.fromkeys(['ConversationAgent', 'chat_turn_ids', 'trl_sequence', 'TRLRollout', 'env_reward'], 'labmod.rl.trl'),
 }
 __all__ = list(_NAMES)
 __getattr__, __dir__ = lazy_exports(__name__, _NAMES)
