@@ -18,7 +18,7 @@ __all__ = ['VARIATION_PROMPT', 'group_reward_variance', 'select_seed_tasks', 'km
            'pseudo_group_variance', 'parse_variations', 'TaskVariationGenerator', 'mix_tasks', 'CurriculumConfig',
            'Curriculum']
 
-# %% ../../nbs/52_dreamgym_curriculum.ipynb #7161a2a7
+# %% ../../nbs/52_dreamgym_curriculum.ipynb #ad409fb8
 def _outcome(traj: Trajectory, reward: str) -> float:
     if reward == "total": return traj.total_reward
     if reward == "success": return float(traj.success)
@@ -34,12 +34,13 @@ def group_reward_variance(groups: Sequence[Sequence[Trajectory]], reward: str = 
         rewards[g[0].task.id].extend(_outcome(t, reward) for t in g)
     return {tid: float(np.var(r)) for tid, r in rewards.items()}
 
+# %% ../../nbs/52_dreamgym_curriculum.ipynb #8cd06644
 def select_seed_tasks(variance: dict[str, float], k: int, min_var: float = 1e-6) -> list[str]:
     "The (at most) `k` task ids of highest variance, best first (ties by id), among those with variance >= `min_var`."
     ranked = sorted((t for t, v in variance.items() if v >= min_var), key=lambda t: (-variance[t], t))
     return ranked[:max(0, k)]
 
-# %% ../../nbs/52_dreamgym_curriculum.ipynb #2b4fce41
+# %% ../../nbs/52_dreamgym_curriculum.ipynb #0e49b492
 def _task_text(t: Task) -> str: return t.instruction or t.target or t.id
 
 def kmeans_cosine(x: np.ndarray, n_clusters: int, seed: int = 0, iters: int = 50) -> np.ndarray:
@@ -62,6 +63,7 @@ def kmeans_cosine(x: np.ndarray, n_clusters: int, seed: int = 0, iters: int = 50
             if len(members): c[j] = members.sum(0) / max(np.linalg.norm(members.sum(0)), 1e-12)
     return labels
 
+# %% ../../nbs/52_dreamgym_curriculum.ipynb #11d47159
 def pseudo_groups(tasks: Sequence[Task], encoder, n_clusters: int, seed: int = 0) -> list[list[Task]]:
     "Tasks clustered by the embedding of their instruction; non-empty clusters, largest first."
     if not tasks: return []
@@ -72,6 +74,7 @@ def pseudo_groups(tasks: Sequence[Task], encoder, n_clusters: int, seed: int = 0
     for t, l in zip(tasks, labels): groups[int(l)].append(t)
     return sorted(groups.values(), key=lambda g: (-len(g), g[0].id))
 
+# %% ../../nbs/52_dreamgym_curriculum.ipynb #6c55f919
 def pseudo_group_variance(trajectories: Sequence[Trajectory], encoder, n_clusters: int, reward: str = "total",
                           seed: int = 0) -> dict[str, float]:
     "Per task id: the outcome-reward variance of its pseudo-group (embedding cluster of tasks) in this batch."
@@ -133,7 +136,7 @@ class TaskVariationGenerator:
         if sum(c.isalpha() or c.isspace() for c in s) < 0.8 * len(s): return "not text"
         return None
 
-# %% ../../nbs/52_dreamgym_curriculum.ipynb #a9793739
+# %% ../../nbs/52_dreamgym_curriculum.ipynb #b5cad88a
 def _accept(self, texts: Sequence[str], task: Task, n: int, seen: set[str] | None = None) -> list[Task]:
     "New tasks from candidate instructions (at most `n`), rejecting bad ones into `last_rejected`."
     seen = set() if seen is None else seen
@@ -150,6 +153,9 @@ def _accept(self, texts: Sequence[str], task: Task, n: int, seen: set[str] | Non
                                   "parent": task.id, "synthetic": True, "generator": getattr(self.lm, "name", "")}))
     return out
 
+TaskVariationGenerator.accept = _accept
+
+# %% ../../nbs/52_dreamgym_curriculum.ipynb #b7cb2c18
 def _vary_many(self, tasks: Sequence[Task], n: int = 3, seed: int | None = 0) -> list[list[Task]]:
     "Up to `n` variations per task (one batched generation); a task whose answer is unusable gets []."
     self.last_rejected = []
@@ -162,7 +168,7 @@ def _vary_many(self, tasks: Sequence[Task], n: int = 3, seed: int | None = 0) ->
 def _vary(self, task: Task, n: int = 3, seed: int | None = 0) -> list[Task]:
     return self.vary_many([task], n, seed)[0]
 
-TaskVariationGenerator.accept, TaskVariationGenerator.vary_many, TaskVariationGenerator.vary = _accept, _vary_many, _vary
+TaskVariationGenerator.vary_many, TaskVariationGenerator.vary = _vary_many, _vary
 
 # %% ../../nbs/52_dreamgym_curriculum.ipynb #01b22863
 def _rng(rng) -> random.Random:

@@ -18,11 +18,11 @@ from .replay import Transition, ReplayBuffer
 __all__ = ['STATE_MAPPERS', 'STATE_MAPPING_PROMPT', 'OFFLINE_POLICIES', 'ANNOTATION_PROMPT', 'EM_TAGS', 'EM_STOP', 'EM_SYSTEM',
            'textworld_state', 'scienceworld_state', 'alfworld_state', 'axtree_state', 'abstract_state',
            'LLMStateMapper', 'GoldPolicy', 'StaleRandomPolicy', 'ExplorePolicy', 'offline_policy', 'instruction_of',
-           'transitions', 'collect_offline_transitions', 'Teacher', 'annotate', 'action_was_valid', 'RuleTeacher',
-           'LLMTeacher', 'format_em_target', 'em_target_spans', 'EMOutput', 'parse_em_output', 'history_summary',
-           'EMQuery', 'EMPrompt', 'retrieve', 'em_prompts', 'EMExample', 'em_sft_examples']
+           'transitions', 'collect_offline_transitions', 'history_summary', 'Teacher', 'annotate', 'action_was_valid',
+           'RuleTeacher', 'LLMTeacher', 'format_em_target', 'em_target_spans', 'EMOutput', 'parse_em_output', 'EMQuery',
+           'EMPrompt', 'retrieve', 'em_prompts', 'EMExample', 'em_sft_examples']
 
-# %% ../../nbs/51_dreamgym_data.ipynb #9d842921
+# %% ../../nbs/51_dreamgym_data.ipynb #8c12bf8b
 def _squash(text: str) -> str: return " ".join(str(text).split())
 
 def _strip_article(s: str) -> str:
@@ -46,6 +46,7 @@ def _twx_object(phrase: str) -> str:
     if m: return f"{_strip_article(m.group(1))} ({m.group(2).strip()})"
     return _strip_article(p)
 
+# %% ../../nbs/51_dreamgym_data.ipynb #c1c3f2b3
 def textworld_state(text: str) -> str:
     "TextWorld-Express: a room description becomes Location / Objects / Exits lines; other text is squashed."
     t = text.strip()
@@ -71,7 +72,7 @@ def textworld_state(text: str) -> str:
     if other: lines.append(_squash(" ".join(other)))
     return "\n".join(lines)
 
-# %% ../../nbs/51_dreamgym_data.ipynb #d51e79ee
+# %% ../../nbs/51_dreamgym_data.ipynb #767e984d
 _SW_DROP = {"the agent", "a substance called air", "air"}
 
 def _sw_object(o: str) -> str:
@@ -96,6 +97,7 @@ def scienceworld_state(text: str) -> str:
     if exits: lines.append("Exits: " + "; ".join(exits))
     return "\n".join(lines)
 
+# %% ../../nbs/51_dreamgym_data.ipynb #f4b59154
 def alfworld_state(text: str) -> str:
     "ALFWorld: drop the welcome banner and the task line (it is the instruction); list what is seen compactly."
     t = re.sub(r"-=\s*Welcome to TextWorld, ALFRED!\s*=-", "", text)
@@ -160,7 +162,7 @@ def abstract_state(env_name: str, obs: Observation | str, max_chars: int = 2000)
     s = mapper(obs) if mapper else _squash(obs.text)
     return s if len(s) <= max_chars else s[:max_chars - 3] + "..."
 
-# %% ../../nbs/51_dreamgym_data.ipynb #479068cb
+# %% ../../nbs/51_dreamgym_data.ipynb #77249e61
 STATE_MAPPING_PROMPT = """You convert a raw observation of the {env} environment into a compact abstract state for an agent.
 Given the task, the recent history and the raw observation, first think about which parts matter for the task,
 then write only the necessary subset of the observation: the location or page, the elements or objects the agent
@@ -177,6 +179,7 @@ Raw observation:
 
 Answer in the form <think>...</think><state>...</state>"""
 
+# %% ../../nbs/51_dreamgym_data.ipynb #4ddbf191
 class LLMStateMapper:
     "Raw observation -> abstract state with an LM (the paper's prompted mapper); falls back to the rule mapper."
     def __init__(self, lm, env_name: str = "web", max_new_tokens: int = 384, temperature: float = 0.0, max_obs_chars: int = 6000):
@@ -214,7 +217,7 @@ class GoldPolicy(_RecordsExpert, ExpertPolicy):
     "The env's expert action until it has none; its transitions are `source='gold'`."
     name = "gold"
 
-# %% ../../nbs/51_dreamgym_data.ipynb #8036456d
+# %% ../../nbs/51_dreamgym_data.ipynb #eadae45a
 class StaleRandomPolicy(_RecordsExpert, ScriptedPolicy):
     """A random admissible action; with probability `stale_rate` one that was admissible earlier in the episode but is
     not now; with no listed actions (browser) `click(id)` on a random element of the accessibility tree."""
@@ -239,6 +242,7 @@ class StaleRandomPolicy(_RecordsExpert, ScriptedPolicy):
         ids = [n["id"] for n in (s.data or {}).get("axtree", []) if n.get("id") is not None]
         return f"click({rng.choice(ids)})" if ids else None
 
+# %% ../../nbs/51_dreamgym_data.ipynb #d84f946e
 class ExplorePolicy(StaleRandomPolicy):
     "The expert's action, or with probability `explore_rate` (and wherever the expert has none) a random one."
     name = "explore"
@@ -257,11 +261,12 @@ def offline_policy(policy: str | ScriptedPolicy, seed: int = 0) -> ScriptedPolic
     if policy not in OFFLINE_POLICIES: raise ValueError(f"unknown offline policy {policy!r}; known: {', '.join(OFFLINE_POLICIES)}")
     return OFFLINE_POLICIES[policy](seed=zlib.crc32(f"{seed}/{policy}".encode()))
 
-# %% ../../nbs/51_dreamgym_data.ipynb #821c2111
+# %% ../../nbs/51_dreamgym_data.ipynb #15ff5dc1
 def instruction_of(task: Task, obs: Observation) -> str:
     "The task's instruction: its own, else the one its env states at reset, else its target."
     return task.instruction or (obs.data or {}).get("instruction") or task.target or ""
 
+# %% ../../nbs/51_dreamgym_data.ipynb #69fa89e4
 def transitions(traj: Trajectory, abstract: bool = True, source: str | None = None) -> list[Transition]:
     """The transitions of an episode, in abstract states (`abstract=False`: its observations already are);
     `source` defaults to the policy that played it (`traj.metadata['policy']`)."""
@@ -293,6 +298,15 @@ def collect_offline_transitions(env: str | Callable[[], Env], tasks: Sequence[Ta
         for pol in pols:
             with RolloutEngine(pol, factory, cfg) as eng: by_policy.append(eng.run(tasks, progress=progress))
     return [t for i in range(len(tasks)) for groups in by_policy for traj in groups[i] for t in transitions(traj)]
+
+# %% ../../nbs/51_dreamgym_data.ipynb #edabde3d
+def history_summary(steps: Sequence[tuple[str, str]], keep: int = 4, max_chars: int = 160) -> str:
+    "The last `keep` (action, resulting state) steps, numbered by their place in the episode, each state cut to `max_chars`."
+    window = list(steps)[-keep:] if keep > 0 else []
+    start = len(steps) - len(window) + 1
+    return "\n".join(f"{i}. {a} -> {_clip(_squash(s), max_chars)}" for i, (a, s) in enumerate(window, start))
+
+def _clip(s: str, n: int) -> str: return s if len(s) <= n else s[:n - 3] + "..."
 
 # %% ../../nbs/51_dreamgym_data.ipynb #0d6ec2b3
 class Teacher:
@@ -330,7 +344,7 @@ def action_was_valid(t: Transition) -> bool:
     v = t.metadata.get("valid")
     return bool(v) if v is not None else not _INVALID_TEXT.search(t.next_state)
 
-# %% ../../nbs/51_dreamgym_data.ipynb #03ae624e
+# %% ../../nbs/51_dreamgym_data.ipynb #86febfc2
 def _change(t: Transition, max_facts: int) -> str:
     "What a valid action changed: the move, elements whose [id] stayed, facts that appeared and disappeared."
     before, after = _facts(t.state), _facts(t.next_state)
@@ -356,6 +370,7 @@ def _change(t: Transition, max_facts: int) -> str:
     if removed: s += " No longer observed: " + "; ".join(_short(f, 80) for f in removed[:max_facts]) + "."
     return s
 
+# %% ../../nbs/51_dreamgym_data.ipynb #50fb1596
 class RuleTeacher(Teacher):
     "A faithful explanation from the recorded transition: validity, fact diff, progress, reward."
     def __init__(self, max_facts: int = 6): self.max_facts = max_facts
@@ -377,7 +392,7 @@ class RuleTeacher(Teacher):
                          else "The episode ends here without success (failure or step limit).")
         return " ".join(parts)
 
-# %% ../../nbs/51_dreamgym_data.ipynb #98bdda5b
+# %% ../../nbs/51_dreamgym_data.ipynb #9477773e
 ANNOTATION_PROMPT = """You are analyzing the dynamics of the {env} environment to teach an experience model that predicts
 what the environment does. Below is one real transition recorded from the environment.
 
@@ -402,6 +417,7 @@ changes between the current and the next state and what the next state must ther
 move toward or away from completing the task, and why is the reward what it is. Use only facts visible above.
 Write the explanation inside <think>...</think>."""
 
+# %% ../../nbs/51_dreamgym_data.ipynb #bffdba88
 class LLMTeacher(Teacher):
     "The paper's reasoning annotation through any `labmod.models` LM; falls back to `fallback` on empty output."
     def __init__(self, lm, max_new_tokens: int = 256, temperature: float = 0.0, fallback: Teacher | None = None):
@@ -424,7 +440,7 @@ class LLMTeacher(Teacher):
 
     def explain(self, t): return self.explain_many([t])[0]
 
-# %% ../../nbs/51_dreamgym_data.ipynb #0bd6ea96
+# %% ../../nbs/51_dreamgym_data.ipynb #480c654f
 EM_TAGS = ("think", "next_state", "reward", "done")
 EM_STOP = ["</done>"]   # stop string for generation: nothing after the done flag is read
 
@@ -432,6 +448,7 @@ def _neutralize(text: str) -> str:
     "Break our own tags inside a field so that a field can never close the block it sits in."
     return re.sub(r"<(/?)(think|next_state|reward|done)>", r"< \1\2>", text)
 
+# %% ../../nbs/51_dreamgym_data.ipynb #537dd406
 def format_em_target(reasoning: str | None, next_state: str, reward: float, done: bool, with_reasoning: bool = True) -> str:
     "The experience model's answer text for one transition."
     reward = float(reward)
@@ -497,15 +514,6 @@ def parse_em_output(text: Any, require_reasoning: bool = False) -> EMOutput:
         return out
     except Exception as e:  # a parser bug must still read as a malformed answer, never crash a rollout
         return EMOutput(error=f"parser error: {type(e).__name__}: {e}")
-
-# %% ../../nbs/51_dreamgym_data.ipynb #edabde3d
-def history_summary(steps: Sequence[tuple[str, str]], keep: int = 4, max_chars: int = 160) -> str:
-    "The last `keep` (action, resulting state) steps, numbered by their place in the episode, each state cut to `max_chars`."
-    window = list(steps)[-keep:] if keep > 0 else []
-    start = len(steps) - len(window) + 1
-    return "\n".join(f"{i}. {a} -> {_clip(_squash(s), max_chars)}" for i, (a, s) in enumerate(window, start))
-
-def _clip(s: str, n: int) -> str: return s if len(s) <= n else s[:n - 3] + "..."
 
 # %% ../../nbs/51_dreamgym_data.ipynb #653e32bc
 @dataclass

@@ -17,9 +17,9 @@ from ..rl.samples import Sample
 from ..rl.losses import collate, first_loss_position, token_logprobs
 
 # %% auto #0
-__all__ = ['TINY_EM_CONFIG', 'INITIAL_STATE_PROMPT', 'EMGeneration', 'ExperienceModelError', 'ExperienceModel',
-           'tiny_experience_lm', 'EMTrainConfig', 'em_losses', 'train_experience_model', 'gate_reward', 'SyntheticEnv',
-           'cache_initial_states']
+__all__ = ['TINY_EM_CONFIG', 'INITIAL_STATE_PROMPT', 'EMGeneration', 'ExperienceModelError', 'tiny_experience_lm',
+           'ExperienceModel', 'EMTrainConfig', 'em_losses', 'train_experience_model', 'gate_reward',
+           'cache_initial_states', 'SyntheticEnv']
 
 # %% ../../nbs/53_dreamgym_experience.ipynb #54de9b21
 @dataclass
@@ -36,7 +36,15 @@ class EMGeneration:
 class ExperienceModelError(RuntimeError):
     "The experience model could not answer (its backend failed): not a malformed answer, and never a reward-0 step."
 
-# %% ../../nbs/53_dreamgym_experience.ipynb #94a0fd79
+# %% ../../nbs/53_dreamgym_experience.ipynb #f019f71a
+TINY_EM_CONFIG = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+
+def tiny_experience_lm(seed: int = 0, device: str | None = None):
+    "The small from-scratch experience model for CPU runs (built once from `tiny_corpus()`, cached)."
+    from labmod.models import build_tiny_model, tiny_corpus, load_lm
+    return load_lm(str(build_tiny_model(tiny_corpus(), **TINY_EM_CONFIG)), device=device, seed=seed)
+
+# %% ../../nbs/53_dreamgym_experience.ipynb #4ca8cf4c
 class ExperienceModel:
     "Retrieval-augmented experience model over any LM backend: `EMQuery` -> `EMOutput`."
     def __init__(self, lm, buffer: ReplayBuffer | None, prompt: EMPrompt | None = None, gen: EMGeneration | None = None):
@@ -53,30 +61,33 @@ class ExperienceModel:
         "The messages each query is asked with: `em_prompts` with this model's buffer and prompt, as in its training."
         return em_prompts(queries, self.buffer, self.prompt)
 
-    def chat(self, messages: list[list[dict]], temperature: float, stop: list[str]) -> list[str]:
-        "Answers through `lm.chat` (any backend); a failure is counted in `stats['errors']` and raised as `ExperienceModelError`."
-        self._calls += 1
-        t0 = time.perf_counter()
-        try:
-            gens = self.lm.chat(messages, max_new_tokens=self.gen.max_new_tokens, temperature=temperature, stop=stop,
-                                seed=self.gen.seed * 1_000_003 + self._calls)
-        except Exception as e:
-            self.stats["errors"] += len(messages); self.last_error = f"{type(e).__name__}: {e}"
-            raise ExperienceModelError(f"the experience model's backend ({getattr(self.lm, 'backend', '?')}, "
-                                       f"{getattr(self.lm, 'name', '?')!r}) failed on {len(messages)} queries: {self.last_error}") from e
-        finally: self.stats["gen_s"] += time.perf_counter() - t0
-        self.stats["generations"] += len(messages); self.stats["batches"] += 1
-        # an OpenAI-compatible server drops the stop string it stopped at: put it back so every backend reads the same
-        return [g.text + stop[0] if g.finish_reason == "stop" and stop and not any(s in g.text for s in stop) else g.text
-                for g in gens]
+# %% ../../nbs/53_dreamgym_experience.ipynb #3a159621
+def _em_chat(self, messages: list[list[dict]], temperature: float, stop: list[str]) -> list[str]:
+    "Answers through `lm.chat` (any backend); a failure is counted in `stats['errors']` and raised as `ExperienceModelError`."
+    self._calls += 1
+    t0 = time.perf_counter()
+    try:
+        gens = self.lm.chat(messages, max_new_tokens=self.gen.max_new_tokens, temperature=temperature, stop=stop,
+                            seed=self.gen.seed * 1_000_003 + self._calls)
+    except Exception as e:
+        self.stats["errors"] += len(messages); self.last_error = f"{type(e).__name__}: {e}"
+        raise ExperienceModelError(f"the experience model's backend ({getattr(self.lm, 'backend', '?')}, "
+                                   f"{getattr(self.lm, 'name', '?')!r}) failed on {len(messages)} queries: {self.last_error}") from e
+    finally: self.stats["gen_s"] += time.perf_counter() - t0
+    self.stats["generations"] += len(messages); self.stats["batches"] += 1
+    # an OpenAI-compatible server drops the stop string it stopped at: put it back so every backend reads the same
+    return [g.text + stop[0] if g.finish_reason == "stop" and stop and not any(s in g.text for s in stop) else g.text
+            for g in gens]
 
-    def check(self, since: int = 0) -> int:
-        "Raise `ExperienceModelError` if queries failed after the count `since` (episodes a rollout lost to them); returns the count."
-        n = self.stats["errors"]
-        if n > since: raise ExperienceModelError(f"{n - since} experience-model queries failed, last: {self.last_error}")
-        return n
+def _em_check(self, since: int = 0) -> int:
+    "Raise `ExperienceModelError` if queries failed after the count `since` (episodes a rollout lost to them); returns the count."
+    n = self.stats["errors"]
+    if n > since: raise ExperienceModelError(f"{n - since} experience-model queries failed, last: {self.last_error}")
+    return n
 
-# %% ../../nbs/53_dreamgym_experience.ipynb #aebbc61b
+ExperienceModel.chat, ExperienceModel.check = _em_chat, _em_check
+
+# %% ../../nbs/53_dreamgym_experience.ipynb #ba005933
 def _predict_many(self, queries: Sequence[EMQuery]) -> list[EMOutput]:
     "Batched prediction; malformed answers are retried, then returned with ok=False. A failed backend raises `ExperienceModelError`."
     queries = list(queries)
@@ -98,6 +109,9 @@ def _predict_many(self, queries: Sequence[EMQuery]) -> list[EMOutput]:
     self.stats["failed"] += len(todo)
     return out
 
+ExperienceModel.predict_many = _predict_many
+
+# %% ../../nbs/53_dreamgym_experience.ipynb #c70449bf
 def _predict(self, q: EMQuery) -> EMOutput:
     "One prediction; concurrent callers (env slots in threads) are merged into one batch. Raises `ExperienceModelError`."
     slot = {}
@@ -115,15 +129,7 @@ def _predict(self, q: EMQuery) -> EMOutput:
     if isinstance(slot["out"], ExperienceModelError): raise ExperienceModelError(str(slot["out"])) from slot["out"]
     return slot["out"]
 
-ExperienceModel.predict_many, ExperienceModel.predict = _predict_many, _predict
-
-# %% ../../nbs/53_dreamgym_experience.ipynb #f019f71a
-TINY_EM_CONFIG = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
-
-def tiny_experience_lm(seed: int = 0, device: str | None = None):
-    "The small from-scratch experience model for CPU runs (built once from `tiny_corpus()`, cached)."
-    from labmod.models import build_tiny_model, tiny_corpus, load_lm
-    return load_lm(str(build_tiny_model(tiny_corpus(), **TINY_EM_CONFIG)), device=device, seed=seed)
+ExperienceModel.predict = _predict
 
 # %% ../../nbs/53_dreamgym_experience.ipynb #00095bb7
 @dataclass
@@ -138,7 +144,7 @@ class EMTrainConfig:
     seed: int = 0                           # example order
     progress: bool = True
 
-# %% ../../nbs/53_dreamgym_experience.ipynb #a456e598
+# %% ../../nbs/53_dreamgym_experience.ipynb #41726591
 def _em_samples(lm, examples, max_prompt_tokens: int | None) -> list[tuple[Sample, list[int]]]:
     "(Sample with loss on the whole target, per-token segment id: 1 reasoning, 2 outcome) per example."
     tok, out = lm.tokenizer, []
@@ -154,6 +160,7 @@ def _em_samples(lm, examples, max_prompt_tokens: int | None) -> list[tuple[Sampl
         out.append((s, [0] * len(p) + [1] * len(r_ids) + [2] * len(o_ids)))
     return out
 
+# %% ../../nbs/53_dreamgym_experience.ipynb #ac8651c3
 def _segment_losses(model, pairs, pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     "Per-token mean NLL of the reasoning tokens and of the outcome tokens of a batch, and their token counts."
     b = collate([s for s, _ in pairs], pad_id, device)
@@ -184,7 +191,7 @@ def em_losses(lm, transitions: Sequence[Transition], buffer: ReplayBuffer | None
     finally: model.train(was)
     return {"loss_reasoning": sr / nr if nr else None, "loss_outcome": so / max(no, 1)}
 
-# %% ../../nbs/53_dreamgym_experience.ipynb #13ad3017
+# %% ../../nbs/53_dreamgym_experience.ipynb #b4d54f11
 def _em_epoch(model, opt, pairs, order: list[int], cfg: EMTrainConfig, pad: int) -> tuple[float | None, float, int]:
     "One pass over the examples in `order`: the epoch's reasoning and outcome losses (per token) and tokens seen."
     dev = next(model.parameters()).device
@@ -199,6 +206,7 @@ def _em_epoch(model, opt, pairs, order: list[int], cfg: EMTrainConfig, pad: int)
         tokens += sum(len(s.input_ids) for s, _ in part)
     return (sr / nr if nr else None), so / max(no, 1), tokens
 
+# %% ../../nbs/53_dreamgym_experience.ipynb #024578a1
 def train_experience_model(lm, transitions: Sequence[Transition], buffer: ReplayBuffer | None, prompt: EMPrompt,
                            cfg: EMTrainConfig | None = None, eval_transitions: Sequence[Transition] | None = None) -> dict:
     "SFT of the experience model asked as `prompt` asks; per-epoch `loss_reasoning`, `loss_outcome` (and `eval_*` on `eval_transitions`)."
@@ -230,7 +238,18 @@ def gate_reward(action: str, reward: float, listed: Sequence[str] | None) -> tup
     if normalize_text(action) in {normalize_text(a) for a in listed}: return reward, False
     return 0.0, True
 
-# %% ../../nbs/53_dreamgym_experience.ipynb #dae0cf0f
+# %% ../../nbs/53_dreamgym_experience.ipynb #a86f6155
+def cache_initial_states(env: Env, tasks: Sequence[Task], env_name: str | None = None) -> dict[str, dict]:
+    "task id -> {'state': abstract initial state, 'valid_actions': [...], 'instruction': ...} from real resets."
+    out = {}
+    name = env_name or env.name
+    for task in tasks:
+        obs = env.reset(task)
+        out[task.id] = {"state": abstract_state(name, obs), "valid_actions": env.valid_actions(), "source": "real",
+                        "instruction": instruction_of(task, obs)}
+    return out
+
+# %% ../../nbs/53_dreamgym_experience.ipynb #e29b0c04
 class SyntheticEnv(Env):
     "DreamGym's experience model behind the `Env` interface: reset/step are predictions, not simulations."
     def __init__(self, em: ExperienceModel, env_name: str, initial_states: dict | None = None, max_steps: int = 30,
@@ -248,17 +267,8 @@ class SyntheticEnv(Env):
         known = cached if isinstance(cached, dict) else {}
         self.task, self.history, self.t, self.done = task, [], 0, False
         self.instruction = task.instruction or known.get("instruction") or task.metadata.get("instruction") or task.target or ""
-        if known: self.state, self._real_actions = known["state"], list(known.get("valid_actions", []))
-        elif cached is not None: self.state, self._real_actions = str(cached), []
-        elif task.metadata.get("initial_state"): self.state, self._real_actions = task.metadata["initial_state"], []
-        else:
-            self.state, self._real_actions = self.generate_initial_state(), []
-            self.initial_states[task.id] = {"state": self.state, "valid_actions": [], "source": "generated"}
+        self.state, self._real_actions = self._start_state(task, cached)
         return Observation(self.state, data={"instruction": self.instruction, "synthetic": True})
-
-    def query(self, action: str) -> EMQuery:
-        "The question `step(action)` asks the experience model."
-        return EMQuery(self.instruction, self.env_name, self.state, action, list(self.history))
 
     def step(self, action: str) -> Step:
         if self.task is None: raise RuntimeError("call reset(task) before step()")
@@ -280,7 +290,26 @@ class SyntheticEnv(Env):
         self.state, self.done = nxt, done or truncated
         return Step(Observation(nxt), reward, self.done, info)
 
-# %% ../../nbs/53_dreamgym_experience.ipynb #0a4d5669
+# %% ../../nbs/53_dreamgym_experience.ipynb #44df8b64
+def _start_state(self, task: Task, cached) -> tuple[str, list[str]]:
+    "`task`'s initial state and real admissible actions: its cached real reset (or cached state), the state it carries, else a generated one (cached)."
+    if isinstance(cached, dict) and cached: return cached["state"], list(cached.get("valid_actions", []))
+    if cached is not None: return str(cached), []
+    if task.metadata.get("initial_state"): return task.metadata["initial_state"], []
+    state = self.generate_initial_state()
+    self.initial_states[task.id] = {"state": state, "valid_actions": [], "source": "generated"}
+    return state, []
+
+SyntheticEnv._start_state = _start_state
+
+# %% ../../nbs/53_dreamgym_experience.ipynb #168e5b4b
+def _query(self, action: str) -> EMQuery:
+    "The question `step(action)` asks the experience model."
+    return EMQuery(self.instruction, self.env_name, self.state, action, list(self.history))
+
+SyntheticEnv.query = _query
+
+# %% ../../nbs/53_dreamgym_experience.ipynb #8319e140
 def _valid_actions(self) -> list[str]:
     "The admissible actions of the cached real reset, plus those of the `action_k` buffer transitions nearest the state."
     acts, buf = set(self._real_actions), self.em.buffer
@@ -290,6 +319,7 @@ def _valid_actions(self) -> list[str]:
 
 SyntheticEnv.valid_actions = _valid_actions
 
+# %% ../../nbs/53_dreamgym_experience.ipynb #dc153418
 INITIAL_STATE_PROMPT = """You are the experience model of the {env} environment. Write the initial state of a new episode for
 the task below, in the same compact format as these example initial states of similar tasks:
 
@@ -320,14 +350,3 @@ def _generate_initial_state(self) -> str:
     return (m.group(1).strip() if m else "") or self._retrieved_initial() or f"Task: {self.instruction}"
 
 SyntheticEnv._retrieved_initial, SyntheticEnv.generate_initial_state = _retrieved_initial, _generate_initial_state
-
-# %% ../../nbs/53_dreamgym_experience.ipynb #a86f6155
-def cache_initial_states(env: Env, tasks: Sequence[Task], env_name: str | None = None) -> dict[str, dict]:
-    "task id -> {'state': abstract initial state, 'valid_actions': [...], 'instruction': ...} from real resets."
-    out = {}
-    name = env_name or env.name
-    for task in tasks:
-        obs = env.reset(task)
-        out[task.id] = {"state": abstract_state(name, obs), "valid_actions": env.valid_actions(), "source": "real",
-                        "instruction": instruction_of(task, obs)}
-    return out

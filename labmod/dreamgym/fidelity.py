@@ -27,12 +27,13 @@ __all__ = ['TRANSITION_JUDGE_PROMPT', 'TRANSITION_JUDGE_KEYS', 'state_similarity
            'default_judge_lm', 'transition_judge', 'EMConfig', 'fit_experience_model', 'warm_policy_agreement',
            'env_steps_per_s']
 
-# %% ../../nbs/55_dreamgym_fidelity.ipynb #17a38923
+# %% ../../nbs/55_dreamgym_fidelity.ipynb #a48401a7
 def state_similarity(a: str | None, b: str | None) -> float:
     "difflib ratio of the normalized texts (0 when either is missing)."
     if not a or not b: return 0.0
     return difflib.SequenceMatcher(None, normalize_text(a), normalize_text(b), autojunk=False).ratio()
 
+# %% ../../nbs/55_dreamgym_fidelity.ipynb #a583fd00
 def token_f1(a: str | None, b: str | None) -> float:
     "Bag-of-tokens F1 of the normalized texts."
     if not a or not b: return 0.0
@@ -62,13 +63,14 @@ def fidelity(em: ExperienceModel, transitions: Sequence[Transition], batch_size:
             "next_state_f1": m("f1"), "reward_accuracy": float(np.mean([r["reward_err"] <= reward_tol for r in rows])),
             "reward_mae": m("reward_err"), "done_accuracy": m("done_ok"), "per_transition": rows}
 
-# %% ../../nbs/55_dreamgym_fidelity.ipynb #0f7e6596
+# %% ../../nbs/55_dreamgym_fidelity.ipynb #b409528c
 def _play(policy: Policy, env_factory: Callable[[], Env], tasks: Sequence[Task], max_turns: int, n_envs: int = 1) -> list[Trajectory | None]:
     "One episode of `policy` per task through the rollout engine, in task order (None where the episode was lost)."
     cfg = RolloutConfig(max_turns=max(1, max_turns), n_envs=max(1, min(n_envs, len(tasks))))
     with RolloutEngine(policy, env_factory, cfg) as eng:
         return [g[0] if g else None for g in eng.run(list(tasks))]
 
+# %% ../../nbs/55_dreamgym_fidelity.ipynb #8e696f6c
 def _first_below(sims: Sequence[float], threshold: float) -> int:
     "1-based index of the first similarity below `threshold`; an episode that never drops counts as its length + 1."
     return next((t + 1 for t, s in enumerate(sims) if s < threshold), len(sims) + 1)
@@ -103,7 +105,7 @@ def multi_step_divergence(em: ExperienceModel, real_env_factory: Callable[[], En
             "first_divergence": [e["first_divergence"] for e in episodes], "static_first_divergence_mean": mean("static_first_divergence"),
             "static_similarity_by_step": _mean_by_step([e["static_similarity"] for e in episodes]), "episodes": episodes}
 
-# %% ../../nbs/55_dreamgym_fidelity.ipynb #f7eb967c
+# %% ../../nbs/55_dreamgym_fidelity.ipynb #86081755
 def _real_success(traj: Trajectory | None) -> bool:
     "The replay ended the real episode with success (the env's verdict, else a positive final reward)."
     last = traj.turns[-1] if traj is not None and traj.turns else None
@@ -118,6 +120,7 @@ def agreement_stats(counts) -> dict:
             "precision": c["both"] / syn if syn else None, "recall": c["both"] / real if real else None,
             "agreement": (c["both"] + c["neither"]) / n if n else None}
 
+# %% ../../nbs/55_dreamgym_fidelity.ipynb #3ea8394d
 def replay_agreement(trajectories: Sequence[Trajectory], real_env_factory: Callable[[], Env],
                      playable: Callable[[Task], bool] | None = None) -> dict:
     "Synthetic vs real success of the same action sequences: the confusion counts, precision, recall and agreement."
@@ -133,7 +136,7 @@ def replay_agreement(trajectories: Sequence[Trajectory], real_env_factory: Calla
         c[("both" if syn else "real_only") if _real_success(real) else ("synthetic_only" if syn else "neither")] += 1
     return {"skipped": c["skipped"], "lost": c["lost"], **agreement_stats(c)}
 
-# %% ../../nbs/55_dreamgym_fidelity.ipynb #5e298927
+# %% ../../nbs/55_dreamgym_fidelity.ipynb #8ce78013
 @dataclass
 class AgreementConfig:
     "How the policy's synthetic episodes are played before their replay in the real env."
@@ -143,6 +146,7 @@ class AgreementConfig:
     seed: int = 0                # the policy's sampling seed
     n_envs: int = 8              # synthetic env slots (their steps batch in the experience model)
 
+# %% ../../nbs/55_dreamgym_fidelity.ipynb #b80d6d49
 def onpolicy_agreement(em: ExperienceModel, agent: Agent, real_env_factory: Callable[[], Env], tasks: Sequence[Task],
                        cfg: AgreementConfig | None = None) -> dict:
     "`agent`'s episodes in a `SyntheticEnv` (from each task's real initial state), replayed in the real env: `replay_agreement`."
@@ -156,7 +160,7 @@ def onpolicy_agreement(em: ExperienceModel, agent: Agent, real_env_factory: Call
     em.check(start)
     return replay_agreement(trajs, real_env_factory)
 
-# %% ../../nbs/55_dreamgym_fidelity.ipynb #f8abb0c6
+# %% ../../nbs/55_dreamgym_fidelity.ipynb #635ad6cf
 TRANSITION_JUDGE_PROMPT = """You rate one transition predicted by a learned environment model for the {env} environment.
 
 Task: {instruction}
@@ -184,6 +188,7 @@ def default_judge_lm():
     from labmod.models import load_lm
     return load_lm(name, backend="openai")
 
+# %% ../../nbs/55_dreamgym_fidelity.ipynb #aca83d09
 def _judge_scores(texts: Sequence[str]) -> dict:
     "Mean 0-2 score per criterion over the judge's JSON answers, and how many did not parse."
     scores, unparsed = {k: [] for k in TRANSITION_JUDGE_KEYS}, 0
@@ -213,7 +218,7 @@ def transition_judge(em: ExperienceModel, transitions: Sequence[Transition], jud
                            f"{type(e).__name__}: {e}") from e
     return {**_judge_scores([g.text for g in gens]), "n": len(ts)}
 
-# %% ../../nbs/55_dreamgym_fidelity.ipynb #779f6f02
+# %% ../../nbs/55_dreamgym_fidelity.ipynb #3198383c
 @dataclass
 class EMConfig:
     "An experience model of a study: how it is asked, trained and answers, and the replay buffer's encoder."
@@ -223,6 +228,7 @@ class EMConfig:
     encoder: str = "hashing"         # the replay buffer's encoder (`get_encoder`)
     eval_transitions: int = 16       # held-out transitions whose losses are logged per epoch
 
+# %% ../../nbs/55_dreamgym_fidelity.ipynb #c8769659
 def fit_experience_model(offline: Sequence[Transition], held: Sequence[Transition], cfg: EMConfig | None = None, seed: int = 0,
                          lm=None) -> tuple[ExperienceModel, dict]:
     """The experience model `cfg` describes (the tiny one unless `lm`), trained on `offline` with `seed` (its init, the

@@ -138,7 +138,7 @@ def get_encoder(name: str | dict | Encoder = "minilm", **kwargs) -> Encoder:
     if name not in ENCODERS: raise ValueError(f"unknown encoder {name!r}; known: {', '.join(ENCODERS)}")
     return ENCODERS[name](**kwargs)
 
-# %% ../../nbs/50_dreamgym_replay.ipynb #b12fcdce
+# %% ../../nbs/50_dreamgym_replay.ipynb #a4d2be76
 class ReplayBuffer:
     "Transitions with embedded (state, action) keys; exact cosine top-k search; JSONL + .npy persistence."
 
@@ -162,25 +162,37 @@ class ReplayBuffer:
     def _code(self, kind: str, value: str) -> int:
         return self._codes[kind].setdefault(value, len(self._codes[kind]))
 
-    def _append_rows(self, emb: np.ndarray, ts: list[Transition]):
-        need = self._n + len(ts)
-        if need > self._emb.shape[0]:
-            cap = max(need, 2 * self._emb.shape[0], 1024)
-            for name, dtype, width in (("_emb", np.float32, self.encoder.dim), ("_env", np.int32, None),
-                                       ("_task", np.int32, None), ("_src", np.int8, None)):
-                old = getattr(self, name)
-                new = np.zeros((cap, width) if width else cap, dtype)
-                new[:self._n] = old[:self._n]
-                setattr(self, name, new)
-        sl = slice(self._n, need)
-        self._emb[sl] = emb
-        self._env[sl] = [self._code("env", t.env) for t in ts]
-        self._task[sl] = [self._code("task", t.task_id) for t in ts]
-        self._src[sl] = [SOURCES.index(t.source) for t in ts]
-        self._n = need
-        self.transitions.extend(ts)
+# %% ../../nbs/50_dreamgym_replay.ipynb #5832c3dd
+def _rb_append_rows(self, emb: np.ndarray, ts: list[Transition]):
+    need = self._n + len(ts)
+    if need > self._emb.shape[0]:
+        cap = max(need, 2 * self._emb.shape[0], 1024)
+        for name, dtype, width in (("_emb", np.float32, self.encoder.dim), ("_env", np.int32, None),
+                                   ("_task", np.int32, None), ("_src", np.int8, None)):
+            old = getattr(self, name)
+            new = np.zeros((cap, width) if width else cap, dtype)
+            new[:self._n] = old[:self._n]
+            setattr(self, name, new)
+    sl = slice(self._n, need)
+    self._emb[sl] = emb
+    self._env[sl] = [self._code("env", t.env) for t in ts]
+    self._task[sl] = [self._code("task", t.task_id) for t in ts]
+    self._src[sl] = [SOURCES.index(t.source) for t in ts]
+    self._n = need
+    self.transitions.extend(ts)
 
-# %% ../../nbs/50_dreamgym_replay.ipynb #8b050087
+def _rb_drop(self, idx: np.ndarray):
+    keep = np.ones(self._n, bool); keep[idx] = False
+    for name in ("_emb", "_env", "_task", "_src"):
+        arr = getattr(self, name)[:self._n][keep]
+        setattr(self, name, arr.copy())
+    self.transitions = [t for t, k in zip(self.transitions, keep) if k]
+    self._n = len(self.transitions)
+
+ReplayBuffer._append_rows = _rb_append_rows
+ReplayBuffer._drop = _rb_drop
+
+# %% ../../nbs/50_dreamgym_replay.ipynb #995ab2b9
 def _rb_add(self, transitions: Iterable[Transition], source: str | None = None, embeddings: np.ndarray | None = None,
         batch_size: int = 64, progress: bool = False) -> int:
     "Embed and store `transitions` (with `source` overriding theirs when given); returns how many were added."
@@ -207,19 +219,10 @@ def _rb_enforce_synthetic_cap(self):
     extra = allowed // 10 if allowed >= 1000 else 0
     self._drop(syn[:len(syn) - allowed + extra])   # the oldest synthetic entries go first
 
-def _rb_drop(self, idx: np.ndarray):
-    keep = np.ones(self._n, bool); keep[idx] = False
-    for name in ("_emb", "_env", "_task", "_src"):
-        arr = getattr(self, name)[:self._n][keep]
-        setattr(self, name, arr.copy())
-    self.transitions = [t for t, k in zip(self.transitions, keep) if k]
-    self._n = len(self.transitions)
-
 ReplayBuffer.add = _rb_add
 ReplayBuffer._enforce_synthetic_cap = _rb_enforce_synthetic_cap
-ReplayBuffer._drop = _rb_drop
 
-# %% ../../nbs/50_dreamgym_replay.ipynb #ffd85598
+# %% ../../nbs/50_dreamgym_replay.ipynb #175461a2
 def _rb_mask(self, env=None, task_id=None, exclude_task_id=None, sources=None) -> np.ndarray | None:
     m = None
     def both(a, b): return b if a is None else a & b
@@ -250,6 +253,10 @@ def _rb_search_vectors(self, queries: np.ndarray, k: int = 4, **filters) -> list
         out.append([(int(i), float(row[i])) for i in cand if np.isfinite(row[i])])
     return out
 
+ReplayBuffer._mask = _rb_mask
+ReplayBuffer.search_vectors = _rb_search_vectors
+
+# %% ../../nbs/50_dreamgym_replay.ipynb #912beb37
 def _rb_search(self, state: str, action: str, k: int = 4, **filters) -> list[tuple[Transition, float]]:
     "The k stored transitions whose (state, action) is most similar (cosine) to the query, best first."
     return self.search_many([(state, action)], k, **filters)[0]
@@ -268,12 +275,10 @@ def _rb_search_many(self, queries: list[tuple[str, str]], k: int = 4, per_query:
             for i, h in zip(idx, self.search_vectors(q[idx], k, **filters, **per_query[idx[0]])): hits[i] = h
     return [[(self.transitions[i], s) for i, s in row] for row in hits]
 
-ReplayBuffer._mask = _rb_mask
-ReplayBuffer.search_vectors = _rb_search_vectors
 ReplayBuffer.search = _rb_search
 ReplayBuffer.search_many = _rb_search_many
 
-# %% ../../nbs/50_dreamgym_replay.ipynb #90a77737
+# %% ../../nbs/50_dreamgym_replay.ipynb #801c05e5
 def _rb_stats(self) -> dict:
     "Counts by source and env, rewarded and terminal transitions, embedding size and memory."
     ts = self.transitions
@@ -283,6 +288,9 @@ def _rb_stats(self) -> dict:
             "with_reasoning": sum(bool(t.reasoning) for t in ts),
             "encoder": self.encoder.spec, "dim": self.encoder.dim, "embedding_mb": round(self.embeddings.nbytes / 2**20, 3)}
 
+ReplayBuffer.stats = _rb_stats
+
+# %% ../../nbs/50_dreamgym_replay.ipynb #f7db7626
 def _rb_save(self, path: str | Path) -> Path:
     "Write `transitions.jsonl`, `embeddings.npy` and `meta.json` into folder `path`."
     p = Path(path); p.mkdir(parents=True, exist_ok=True)
@@ -310,6 +318,5 @@ def _rb_load(cls, path: str | Path, encoder: str | dict | Encoder | None = None)
     if ts: buf._append_rows(emb.astype(np.float32), ts)
     return buf
 
-ReplayBuffer.stats = _rb_stats
 ReplayBuffer.save = _rb_save
 ReplayBuffer.load = classmethod(_rb_load)

@@ -21,7 +21,7 @@ from .curriculum import Curriculum, CurriculumConfig, TaskVariationGenerator
 __all__ = ['MODES', 'InteractionCounter', 'split_purpose', 'CountingEnv', 'AbstractStateEnv', 'TaskRoutedEnv', 'DreamGymConfig',
            'SyntheticHooks', 'train_policy', 'PolicySpec', 'row_config', 'dreamgym_row']
 
-# %% ../../nbs/54_dreamgym_train.ipynb #15a02584
+# %% ../../nbs/54_dreamgym_train.ipynb #b670d44b
 class InteractionCounter:
     "Thread-safe counts of real env resets and steps per purpose ('train', 'eval', ...)."
     def __init__(self): self._lock, self.counts = threading.Lock(), Counter()
@@ -32,6 +32,7 @@ class InteractionCounter:
 
 def split_purpose(task: Task) -> str: return "eval" if task.split in ("dev", "test", "valid") else "train"
 
+# %% ../../nbs/54_dreamgym_train.ipynb #43284aba
 class CountingEnv(EnvWrapper):
     "Counts the real env's resets and steps into `counter` under `classify(current task)`."
     def __init__(self, inner: Env, counter: InteractionCounter, classify: Callable[[Task], str] = split_purpose):
@@ -43,7 +44,7 @@ class CountingEnv(EnvWrapper):
         self.counter.add(f"{self._purpose}_steps")
         return self.inner.step(action)
 
-# %% ../../nbs/54_dreamgym_train.ipynb #291a730b
+# %% ../../nbs/54_dreamgym_train.ipynb #668d5099
 class AbstractStateEnv(EnvWrapper):
     "Observations replaced by their abstract state (`labmod.dreamgym.data.abstract_state`); `data` kept."
     def __init__(self, inner: Env, env_name: str | None = None):
@@ -55,6 +56,7 @@ class AbstractStateEnv(EnvWrapper):
         st = self.inner.step(action)
         return Step(self._abs(st.obs), st.reward, st.done, st.info)
 
+# %% ../../nbs/54_dreamgym_train.ipynb #9ff8b1c8
 class TaskRoutedEnv(Env):
     "Tasks whose id is in `real_ids` go to `real` (built lazily), all others to `default`."
     def __init__(self, default: Env, real_factory: Callable[[], Env], real_ids: set[str]):
@@ -119,7 +121,7 @@ class SyntheticHooks(RunHooks):
         return {**({"curriculum": self.curriculum.summary()} if self.curriculum else {}),
                 **({"enriched": self.enriched} if self.enrich else {})}
 
-# %% ../../nbs/54_dreamgym_train.ipynb #60b00349
+# %% ../../nbs/54_dreamgym_train.ipynb #b700fe7f
 def _synthetic_run(cfg: DreamGymConfig) -> RunConfig:
     if cfg.synthetic_lr is None: return cfg.run
     return dataclasses.replace(cfg.run, algo=dataclasses.replace(cfg.run.algo, lr=cfg.synthetic_lr))
@@ -127,6 +129,7 @@ def _synthetic_run(cfg: DreamGymConfig) -> RunConfig:
 def _s2r_run(cfg: DreamGymConfig) -> RunConfig:
     return dataclasses.replace(cfg.run, steps=cfg.s2r_steps, warm=dataclasses.replace(cfg.run.warm, epochs=0))
 
+# %% ../../nbs/54_dreamgym_train.ipynb #6508830b
 def train_policy(agent: Agent, real_env_factory: Callable[[], Env], tasks: RunTasks, cfg: DreamGymConfig,
                  em: ExperienceModel | None = None, variation_lm=None) -> dict:
     """Train `agent` in `cfg.mode` (one `labmod.rl.run.train` per phase); returns the phases' results, `before` / `after`,
@@ -158,7 +161,7 @@ def train_policy(agent: Agent, real_env_factory: Callable[[], Env], tasks: RunTa
             "real_interactions": counts, "real_train_steps": counts.get("train_steps", 0), "curriculum": cur,
             "em_stats": dict(em.stats) if em is not None else None, "wall_s": time.perf_counter() - t0}
 
-# %% ../../nbs/54_dreamgym_train.ipynb #de43eb26
+# %% ../../nbs/54_dreamgym_train.ipynb #2d6bb3ac
 @dataclass
 class PolicySpec:
     "The policy a DreamGym row starts from, before its warm start."
@@ -169,6 +172,7 @@ class PolicySpec:
     history_k: int = 0           # earlier steps shown in its prompt
     lora: dict | bool | None = None   # LoRA settings (see `labmod.models.lora_settings`; None: the backend's default)
 
+# %% ../../nbs/54_dreamgym_train.ipynb #f04e7b57
 def _fresh_policy(spec: PolicySpec, seed: int) -> Agent:
     "The policy `spec` describes, its weights seeded with `seed`."
     import torch
@@ -177,7 +181,7 @@ def _fresh_policy(spec: PolicySpec, seed: int) -> Agent:
     lm = tiny_experience_lm(seed=seed) if spec.model == "tiny-em" else load_lm(spec.model, backend=spec.backend, seed=seed, lora=spec.lora)
     return Agent(lm, max_new_tokens=spec.max_new_tokens, temperature=spec.temperature, history_k=spec.history_k)
 
-# %% ../../nbs/54_dreamgym_train.ipynb #9f08a5d4
+# %% ../../nbs/54_dreamgym_train.ipynb #4653f99f
 def row_config(recipe: DreamGymConfig, mode: str, algo: str, seed: int) -> DreamGymConfig:
     "The config of one Table-1 row: `recipe` with this mode, update (`grpo`, or `ppo` at the recipe's lr) and seed."
     if algo not in ("grpo", "ppo"): raise ValueError(f"algo must be 'grpo' or 'ppo', got {algo!r}")
@@ -186,6 +190,7 @@ def row_config(recipe: DreamGymConfig, mode: str, algo: str, seed: int) -> Dream
     return dataclasses.replace(recipe, run=dataclasses.replace(recipe.run, seed=seed, algo=update), mode=mode,
                                curriculum=recipe.curriculum if mode != "real" else None)
 
+# %% ../../nbs/54_dreamgym_train.ipynb #0e95f573
 def dreamgym_row(em: ExperienceModel | None, tasks: RunTasks, cfg: DreamGymConfig, policy: PolicySpec | None = None) -> dict:
     "One row of a DreamGym table: a fresh `policy` trained as `cfg` says; a flat record of what it reached and what it cost."
     agent, name = _fresh_policy(policy or PolicySpec(), cfg.run.seed), tasks.train[0].env

@@ -12,8 +12,14 @@ from .alfworld_games import (TASK_TYPES, SPLIT_FOLDERS, split_folder, start_alfr
                                         generate_games, default_root)
 
 # %% auto #0
-__all__ = ['SPLIT_ALIASES', 'DEFAULT_COUNTS', 'AlfWorldEnv', 'goal_sentence', 'lab_split', 'official_data_dir',
+__all__ = ['SPLIT_ALIASES', 'DEFAULT_COUNTS', 'goal_sentence', 'AlfWorldEnv', 'lab_split', 'official_data_dir',
            'collect_game_files', 'alfworld_task', 'list_alfworld_tasks']
+
+# %% ../../nbs/13_alfworld.ipynb #c781bc86
+def goal_sentence(intro: str) -> str:
+    "The goal from ALFWorld's intro text ('Your task is to: put a mug in desk.' -> 'put a mug in desk.')."
+    marker = "Your task is to: "
+    return intro.split(marker, 1)[1].strip() if marker in intro else intro.strip()
 
 # %% ../../nbs/13_alfworld.ipynb #f67b04f6
 class AlfWorldEnv(Env):
@@ -94,11 +100,6 @@ class AlfWorldEnv(Env):
             try: env.close()
             except Exception: pass
 
-def goal_sentence(intro: str) -> str:
-    "The goal from ALFWorld's intro text ('Your task is to: put a mug in desk.' -> 'put a mug in desk.')."
-    marker = "Your task is to: "
-    return intro.split(marker, 1)[1].strip() if marker in intro else intro.strip()
-
 # %% ../../nbs/13_alfworld.ipynb #9a882e3b
 SPLIT_ALIASES = {"dev": "eval_in_distribution", "test": "eval_out_of_distribution",
                  **{folder: lab for lab, folder in SPLIT_FOLDERS.items()}}
@@ -112,6 +113,7 @@ def lab_split(split: str) -> str:
                          "(or valid_seen / valid_unseen, dev / test)")
     return split
 
+# %% ../../nbs/13_alfworld.ipynb #2cdd4407
 def official_data_dir() -> Path | None:
     "The official ALFWorld data folder, if settings' `alfworld_data` or `$ALFWORLD_DATA` names one holding json_2.1.1."
     from labmod.lab.settings import settings
@@ -120,6 +122,7 @@ def official_data_dir() -> Path | None:
             return Path(candidate).expanduser()
     return None
 
+# %% ../../nbs/13_alfworld.ipynb #5a56ae81
 def collect_game_files(data_dir: Path, split: str) -> list[Path]:
     "The playable games of `split` under `data_dir`, filtered as ALFWorld's `AlfredTWEnv.collect_game_files`."
     out = []
@@ -143,6 +146,7 @@ def alfworld_task(game_file: Path | str, split: str = "train") -> Task:
     return Task(f"alfworld/{split}/{folder}/{trial}", "alfworld", split=split,
                 config={"game_file": str(game_file)}, metadata=meta)
 
+# %% ../../nbs/13_alfworld.ipynb #3c7c1840
 def _only_lab_games(data_dir: Path) -> bool:
     "True when every trial under `data_dir` was written by the lab's generator (or there is none yet)."
     return not any("generated_by" not in json.loads(p.read_text())

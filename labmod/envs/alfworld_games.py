@@ -12,8 +12,8 @@ from .core import MissingDependency
 # %% auto #0
 __all__ = ['TASK_TYPES', 'SPLIT_FOLDERS', 'LAMPS', 'LAMP_HOSTS', 'APPLIANCE', 'ABILITY', 'split_folder', 'layouts_dir',
            'Receptacle', 'Scene', 'load_scene', 'scene_numbers', 'TaskSpec', 'feasible_specs', 'mangle', 'Room',
-           'draw_room', 'problem_pddl', 'traj_data', 'game_data', 'fast_textworld', 'keep_argv', 'start_alfred_env',
-           'solve', 'default_root', 'write_game', 'generate_games']
+           'draw_room', 'problem_pddl', 'traj_data', 'game_data', 'default_root', 'write_game', 'fast_textworld',
+           'keep_argv', 'start_alfred_env', 'solve', 'generate_games']
 
 # %% ../../nbs/12_alfworld_games.ipynb #9338b484
 TASK_TYPES = ("pick_and_place_simple", "look_at_obj_in_light", "pick_clean_then_place_in_recep",
@@ -99,6 +99,7 @@ class TaskSpec:
         "ALFWorld's folder name: <task_type>-<Obj>-<Mrecep>-<Recep>-<scene> (Recep is the lamp for look tasks)."
         return f"{self.task_type}-{self.object_type}-None-{self.parent_type or self.toggle_type}-{self.scene}"
 
+# %% ../../nbs/12_alfworld_games.ipynb #14266f81
 def _holders(constants, object_type: str, recep_types) -> list[str]:
     return sorted(t for t in recep_types if object_type in constants.VAL_RECEPTACLE_OBJECTS.get(t, ()))
 
@@ -132,6 +133,7 @@ def mangle(name: str) -> str:
         name = name.replace(a, b)
     return name
 
+# %% ../../nbs/12_alfworld_games.ipynb #3ca93912
 @dataclass
 class Room:
     "What a game contains: receptacles, objects (id -> (type, receptacle id)), the agent's start."
@@ -146,6 +148,27 @@ def _object_id(rng: random.Random, otype: str, recep: Receptacle, taken: set) ->
         oid = "|".join([otype] + [f"{float(v) + rng.uniform(-0.4, 0.4):+06.2f}" for v in (x, y, z)])
         if oid not in taken: taken.add(oid); return oid
 
+# %% ../../nbs/12_alfworld_games.ipynb #d1ebf045
+def _add_distractors(room: Room, scene: Scene, rng: random.Random, taken: set, n: int) -> None:
+    "Place `n` objects of the scene's other types in `room`, where ALFRED's placement rules allow them."
+    constants = _alfworld()[0]
+    kinds = [t for t in scene.object_types if t in constants.OBJECTS and t not in LAMPS and t != room.spec.object_type
+             and not t.endswith("Sliced") and _holders(constants, t, {r.type for r in room.receptacles})]
+    for _ in range(n if kinds else 0):
+        t = rng.choice(kinds)
+        hosts = [r for r in room.receptacles if t in constants.VAL_RECEPTACLE_OBJECTS.get(r.type, ())]
+        r = rng.choice(hosts)
+        room.objects[_object_id(rng, t, r, taken)] = (t, r.id)
+
+def _start_location(room: Room, rng: random.Random) -> str:
+    "The agent's start: a grid pose within the room's bounds, away from every receptacle."
+    locs = {r.location for r in room.receptacles}
+    xs = [int(l.split("|")[1]) for l in locs]; zs = [int(l.split("|")[2]) for l in locs]
+    while True:
+        start = f"loc|{rng.randint(min(xs), max(xs))}|{rng.randint(min(zs), max(zs))}|{rng.randint(0, 3)}|30"
+        if start not in locs: return start
+
+# %% ../../nbs/12_alfworld_games.ipynb #a6fa2c37
 def draw_room(spec: TaskSpec, rng: random.Random, max_receptacles: int = 10, n_distractors: int = 6) -> Room | None:
     "A small room for `spec`: needed receptacles + distractors, targets placed away from the goal receptacle."
     constants = _alfworld()[0]
@@ -177,20 +200,9 @@ def draw_room(spec: TaskSpec, rng: random.Random, max_receptacles: int = 10, n_d
         room.objects[_object_id(rng, spec.object_type, r, taken)] = (spec.object_type, r.id)
     if lamp_host:
         room.objects[_object_id(rng, spec.toggle_type, lamp_host, taken)] = (spec.toggle_type, lamp_host.id)
-    # distractors: other object types of the scene, where ALFRED allows them
-    kinds = [t for t in scene.object_types if t in constants.OBJECTS and t not in LAMPS and t != spec.object_type
-             and not t.endswith("Sliced") and _holders(constants, t, {r.type for r in room.receptacles})]
-    for _ in range(n_distractors if kinds else 0):
-        t = rng.choice(kinds)
-        hosts = [r for r in room.receptacles if t in constants.VAL_RECEPTACLE_OBJECTS.get(r.type, ())]
-        r = rng.choice(hosts)
-        room.objects[_object_id(rng, t, r, taken)] = (t, r.id)
-    # the agent starts in the middle of the room, away from every receptacle
-    locs = {r.location for r in room.receptacles}
-    xs = [int(l.split("|")[1]) for l in locs]; zs = [int(l.split("|")[2]) for l in locs]
-    while True:
-        start = f"loc|{rng.randint(min(xs), max(xs))}|{rng.randint(min(zs), max(zs))}|{rng.randint(0, 3)}|30"
-        if start not in locs: room.start = start; return room
+    _add_distractors(room, scene, rng, taken, n_distractors)
+    room.start = _start_location(room, rng)
+    return room
 
 # %% ../../nbs/12_alfworld_games.ipynb #a191e87f
 def problem_pddl(room: Room, name: str) -> str:
@@ -256,6 +268,23 @@ def game_data(pddl_problem: str, traj: dict, seed: int) -> dict:
     return {"pddl_domain": Path(domain_path).read_text(), "grammar": grammar, "pddl_problem": pddl_problem,
             "solvable": None, "walkthrough": None}
 
+# %% ../../nbs/12_alfworld_games.ipynb #87c5d2c0
+def default_root() -> Path:
+    "Where the lab keeps its generated ALFWorld games: `settings().data_dir / 'alfworld'`."
+    from labmod.lab.settings import settings
+    return settings().data_dir / "alfworld"
+
+def write_game(root: Path, split: str, spec: TaskSpec, room: Room, trial: str, seed: int) -> Path:
+    "Write traj_data.json, initial_state.pddl and an unsolved game.tw-pddl; returns the trial folder."
+    d = Path(root) / "json_2.1.1" / split_folder(split) / spec.folder / trial
+    d.mkdir(parents=True, exist_ok=True)
+    traj = traj_data(spec, trial, seed)
+    pddl = problem_pddl(room, trial)
+    (d / "traj_data.json").write_text(json.dumps(traj, indent=2))
+    (d / "initial_state.pddl").write_text(pddl)
+    (d / "game.tw-pddl").write_text(json.dumps(game_data(pddl, traj, seed)))
+    return d
+
 # %% ../../nbs/12_alfworld_games.ipynb #e88de337
 _TEXTWORLD_ORIGINALS: dict = {}
 
@@ -314,6 +343,7 @@ def start_alfred_env(request_infos=None):
     env = GenericEnvironment(infos)
     return AlfredInfos(AlfredDemangler(shuffle=False)(env))
 
+# %% ../../nbs/12_alfworld_games.ipynb #48e800bf
 def solve(game_file: Path | str, env=None, max_steps: int = 60) -> list[str] | None:
     "The planner's plan for `game_file`, verified by playing it to a win; None when unsolvable."
     env = env or start_alfred_env()
@@ -326,23 +356,7 @@ def solve(game_file: Path | str, env=None, max_steps: int = 60) -> list[str] | N
         state, _, done = env.step(cmd)
     return plan if state["won"] else None
 
-# %% ../../nbs/12_alfworld_games.ipynb #87c5d2c0
-def default_root() -> Path:
-    "Where the lab keeps its generated ALFWorld games: `settings().data_dir / 'alfworld'`."
-    from labmod.lab.settings import settings
-    return settings().data_dir / "alfworld"
-
-def write_game(root: Path, split: str, spec: TaskSpec, room: Room, trial: str, seed: int) -> Path:
-    "Write traj_data.json, initial_state.pddl and an unsolved game.tw-pddl; returns the trial folder."
-    d = Path(root) / "json_2.1.1" / split_folder(split) / spec.folder / trial
-    d.mkdir(parents=True, exist_ok=True)
-    traj = traj_data(spec, trial, seed)
-    pddl = problem_pddl(room, trial)
-    (d / "traj_data.json").write_text(json.dumps(traj, indent=2))
-    (d / "initial_state.pddl").write_text(pddl)
-    (d / "game.tw-pddl").write_text(json.dumps(game_data(pddl, traj, seed)))
-    return d
-
+# %% ../../nbs/12_alfworld_games.ipynb #dc9b0da0
 def generate_games(root: Path | str | None = None, split: str = "train", n: int = 12, seed: int = 0,
                    task_types: list[str] | None = None, progress: bool = True) -> list[Path]:
     "Write `n` planner-verified games for `split` under `root`; returns their `game.tw-pddl` paths."

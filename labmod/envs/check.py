@@ -68,6 +68,7 @@ def play_expert(env, task, max_steps: int = 1000) -> dict:
         row["error"] = f"expert path ended without success ({ended})"
     return row
 
+# %% ../../nbs/17_check.ipynb #52bf5e9e
 def _error_row(name: str, task, e: Exception) -> dict:
     return {"env": name, "task": getattr(task, "id", None), "steps": 0, "reward": 0.0, "success": False, "reset_s": None,
             "steps_per_s": None, "error": f"{type(e).__name__}: {e}".strip().splitlines()[0][:300],
@@ -105,6 +106,7 @@ def format_table(rows: list[dict]) -> str:
     line = lambda xs: "  ".join(x.ljust(w) for x, w in zip(xs, widths)).rstrip()
     return "\n".join([line(_COLS), line(["-" * w for w in widths])] + [line(x) for x in cells])
 
+# %% ../../nbs/17_check.ipynb #017828e5
 def main(argv: list[str] | None = None) -> int:
     "CLI: check envs, print a table (or JSON), return 1 if any episode failed."
     p = argparse.ArgumentParser(prog="labmod env check", description="Play expert episodes of each env.")

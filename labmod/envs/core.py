@@ -145,6 +145,7 @@ class SharedEnvs:
     def __enter__(self): return self
     def __exit__(self, *exc): self.close()
 
+# %% ../../nbs/10_envs.ipynb #bd61111c
 def env_factory(name: str, env_kwargs: dict | None = None, shared: SharedEnvs | None = None) -> Callable[[], Env]:
     "A zero-argument factory of `name` envs: new ones, or lent by `shared`."
     kwargs = env_kwargs or {}

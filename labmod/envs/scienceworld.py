@@ -59,6 +59,7 @@ class _Unparsed(ValueError): pass
 def _is_separator(s: str, i: int) -> bool:
     return s.startswith(", ", i) and not any(s.startswith(a, i) for a in _ATTACHED)
 
+# %% ../../nbs/11_scienceworld.ipynb #297e4769
 def _parse_until(s: str, i: int, mode: str) -> tuple[str, int]:
     "Copy `s` from `i`, sorting nested lists, until the end of the current item (`mode`: top, paren, sentence)."
     out = []
@@ -96,6 +97,7 @@ def sort_inline_lists(line: str) -> str:
     try: return _parse_until(line, 0, "top")[0]
     except _Unparsed: return line
 
+# %% ../../nbs/11_scienceworld.ipynb #d4ecc491
 def normalize_scienceworld(text: str) -> str:
     "Order-insensitive comparison form of a ScienceWorld observation (see above), then `normalize_text`."
     lines = []
@@ -162,6 +164,32 @@ def parse_menu(obs: str) -> list[str] | None:
     if not obs.startswith("Ambiguous request"): return None
     return [m.group(2).strip() for m in map(_MENU_LINE.match, obs.splitlines()) if m]
 
+def _menu_choice(menu: list[str] | None, action: str) -> tuple[str, str]:
+    "(what to send to the engine, the replayable action string) for `action` while `menu` (or no menu: None) is open."
+    if not menu: return action, action
+    if (k := menu_number(action)) is not None and k < len(menu): return str(k), menu[k]
+    wanted = normalize_text(action)
+    for i, option in enumerate(menu):
+        if normalize_text(option) == wanted: return str(i), option
+    return action, action
+
+# %% ../../nbs/11_scienceworld.ipynb #7e61c06f
+def _task_spec(task: Task, simplifications: str) -> tuple[str, int, str]:
+    "(engine task name, variation, simplifications) of `task`; a ValueError naming what the config lacks."
+    cfg = task.config or {}
+    if "task" not in cfg: raise ValueError(f"task {task.id!r}: config needs 'task' (one of {', '.join(task_names())}) and 'variation'")
+    return check_task_name(cfg["task"]), int(cfg.get("variation", 0)), cfg.get("simplifications", simplifications)
+
+def _action_line(action) -> str:
+    "The action the engine is sent: its first line, stripped ('' for no string); lone surrogates replaced."
+    action = action_text(action).strip()
+    return action.splitlines()[0].strip() if action else ""
+
+def _episode_end(score: int, completed: bool, moves: int, steps: int, limit: int) -> tuple[bool, bool]:
+    "(done, truncated) after a step, as the package decides: completed, failed (score < 0), or past the step limit."
+    truncated = not completed and score >= 0 and (moves > limit or steps >= limit)
+    return completed or score < 0 or truncated, truncated
+
 # %% ../../nbs/11_scienceworld.ipynb #7fa55885
 class ScienceWorldEnv(Env):
     "ScienceWorld through the fast engine step; one JVM, started on the first reset and reused."
@@ -203,11 +231,7 @@ class ScienceWorldEnv(Env):
 
     # -- episode --------------------------------------------------------------------------------
     def reset(self, task: Task) -> Observation:
-        cfg = task.config or {}
-        if "task" not in cfg: raise ValueError(f"task {task.id!r}: config needs 'task' (one of {', '.join(task_names())}) and 'variation'")
-        name = check_task_name(cfg["task"])
-        variation = int(cfg.get("variation", 0))
-        simpl = cfg.get("simplifications", self.simplifications)
+        name, variation, simpl = _task_spec(task, self.simplifications)
         if self.fresh_jvm_per_reset: self.close()
         sw = self._server()
         n_var = self._call(sw.get_max_variations, name)
@@ -229,15 +253,6 @@ class ScienceWorldEnv(Env):
         if task.instruction is None: data["instruction"] = self._call(sw.get_task_description)
         return Observation(text=text, data=data)
 
-    def _translate(self, action: str) -> tuple[str, str]:
-        "(what to send to the engine, the replayable action string) for `action` in the current state."
-        if not self._menu: return action, action
-        if (k := menu_number(action)) is not None and k < len(self._menu): return str(k), self._menu[k]
-        wanted = normalize_text(action)
-        for i, option in enumerate(self._menu):
-            if normalize_text(option) == wanted: return str(i), option
-        return action, action
-
     def _gold_now(self) -> str | None:
         "The next gold action as a replayable string (a menu number becomes the option text)."
         if not self._on_gold or self._gold_idx >= len(self._gold): return None
@@ -252,9 +267,8 @@ class ScienceWorldEnv(Env):
                         {"score": self._score, "success": self._score >= 100, "valid": False,
                          "expert_action": None, "resolved_action": action, "note": "episode already over"})
         # a malformed model output (not a string, several lines, lone surrogates) is an action the engine rejects
-        action = action_text(action).strip()
-        action = action.splitlines()[0].strip() if action else ""
-        send, resolved = self._translate(action)
+        action = _action_line(action)
+        send, resolved = _menu_choice(self._menu, action)
         gold = self._gold_now()
         sw = self._sw
         text = self._call(sw.server.step, send)
@@ -264,8 +278,7 @@ class ScienceWorldEnv(Env):
         self._steps += 1
         reward = max(0, score - self._score) / 100
         self._score = score
-        truncated = not completed and score >= 0 and (moves > self._limit or self._steps >= self._limit)
-        done = completed or score < 0 or truncated
+        done, truncated = _episode_end(score, completed, moves, self._steps, self._limit)
         if self._on_gold:
             if gold is not None and normalize_text(resolved) == normalize_text(gold): self._gold_idx += 1
             else: self._on_gold = False

@@ -9,7 +9,7 @@ from ..core import Task, Observation, Step
 from .core import Env, EnvError, MissingDependency, action_text, normalize_text, register_env
 
 # %% auto #0
-__all__ = ['TWX_GAMES', 'DEFAULT_PARAMS', 'SPLITS', 'TextWorldExpressEnv', 'seed_folds', 'twx_task', 'list_twx_tasks']
+__all__ = ['TWX_GAMES', 'DEFAULT_PARAMS', 'SPLITS', 'seed_folds', 'twx_task', 'list_twx_tasks', 'TextWorldExpressEnv']
 
 # %% ../../nbs/14_twx.ipynb #28417657
 TWX_GAMES = ["cookingworld", "twc", "coin", "mapreader", "arithmetic", "sorting", "simonsays", "peckingorder"]
@@ -40,6 +40,53 @@ def _start_simulator(step_limit: int):
 def _py4j_errors():
     from py4j.protocol import Py4JError
     return Py4JError
+
+# %% ../../nbs/14_twx.ipynb #4fdcda40
+@functools.lru_cache(maxsize=1)
+def seed_folds() -> dict[str, list[int]]:
+    "The simulator's seed folds: {'train': [...], 'dev': [...], 'test': [...]} (same for every game)."
+    sim = _start_simulator(1)
+    try:
+        sim.load(TWX_GAMES[0], "")
+        return {"train": list(sim.getValidSeedsTrain()), "dev": list(sim.getValidSeedsDev()), "test": list(sim.getValidSeedsTest())}
+    finally: sim.close()
+
+# %% ../../nbs/14_twx.ipynb #cbb800b1
+def twx_task(game: str, seed: int, split: str = "train", params: str | None = None) -> Task:
+    "One TWX task (game + seed + params)."
+    _check_game(game)
+    p = DEFAULT_PARAMS[game] if params is None else params
+    tid = f"textworld_express/{game}/{split}/{seed}" + ("" if p == DEFAULT_PARAMS[game] else f"/{p}")
+    return Task(tid, "textworld_express", split=split, config={"game": game, "seed": seed, "params": p},
+                metadata={"game": game})
+
+def list_twx_tasks(split: str = "train", games: list[str] | None = None, n_per_game: int | None = None,
+                   params: dict[str, str] | str | None = None) -> list[Task]:
+    """Tasks of `split` for `games` (default all eight), the first `n_per_game` seeds of the fold (default all 1,000).
+    `params`: None for the lab defaults (`DEFAULT_PARAMS`), one params string for every game, or {game: params}."""
+    if split not in SPLITS: raise ValueError(f"TextWorld-Express splits are {SPLITS}, got {split!r}")
+    games = TWX_GAMES if games is None else games
+    for g in games: _check_game(g)
+    seeds = seed_folds()[split][:n_per_game]
+    def p(g): return params.get(g) if isinstance(params, dict) else params
+    return [twx_task(g, s, split, p(g)) for g in games for s in seeds]
+
+def _game_of(task: Task) -> tuple[str, int, str]:
+    "(game, seed, params) of a TWX task; a ValueError naming the bad config entry otherwise."
+    cfg = task.config
+    game, seed = cfg.get("game"), cfg.get("seed")
+    _check_game(game)
+    if not isinstance(seed, int): raise ValueError(f"task {task.id!r}: config['seed'] must be an int, got {seed!r}")
+    return game, seed, cfg.get("params", DEFAULT_PARAMS[game])
+
+# %% ../../nbs/14_twx.ipynb #8adf7e10
+def _command(action) -> str:
+    "The action as the simulator matches it: lower case, whitespace collapsed ('' for anything that is no string)."
+    return " ".join(action_text(action).lower().split())
+
+def _score_rise(score: float, best: float) -> float:
+    "The reward for reaching `score` after a best of `best` so far: the rise above the best, in [0, 1]."
+    return min(1.0, max(0.0, score - best))
 
 # %% ../../nbs/14_twx.ipynb #d15c8ec5
 class TextWorldExpressEnv(Env):
@@ -79,11 +126,7 @@ class TextWorldExpressEnv(Env):
         except Exception: pass   # the JVM is already gone
 
     def reset(self, task: Task) -> Observation:
-        cfg = task.config
-        game, seed = cfg.get("game"), cfg.get("seed")
-        _check_game(game)
-        if not isinstance(seed, int): raise ValueError(f"task {task.id!r}: config['seed'] must be an int, got {seed!r}")
-        params = cfg.get("params", DEFAULT_PARAMS[game])
+        game, seed, params = _game_of(task)
         if self._sim is None and not self._closed: self._sim = _start_simulator(self.step_limit)   # heal after a dead JVM
         if self._loaded != (game, params):
             try: self._call("load", game, params)
@@ -102,7 +145,7 @@ class TextWorldExpressEnv(Env):
         if self.task is None:
             if self._sim is None: self._call("step")   # raises the EnvError that says why (closed, or the JVM was lost)
             raise RuntimeError("call reset(task) before step()")
-        act = " ".join(action_text(action).lower().split())
+        act = _command(action)
         valid = act in self._valid
         # the Java side directly: the package's `step` adds a second JVM round trip per step (task description)
         # and an ever-growing run history, neither of which the adapter uses
@@ -111,7 +154,7 @@ class TextWorldExpressEnv(Env):
         self._on_gold = self._on_gold and len(self._taken) < len(self._gold) and self._gold[len(self._taken)] == act
         self._taken.append(act)
         score = float(infos["score"])
-        reward = min(1.0, max(0.0, score - self._best_score))
+        reward = _score_rise(score, self._best_score)
         self._best_score = max(self._best_score, score)
         self._valid = list(infos["validActions"])
         success, failure = bool(infos["tasksuccess"]), bool(infos["taskfailure"])
@@ -143,34 +186,5 @@ class TextWorldExpressEnv(Env):
         "Stop the JVM for good (a later reset raises EnvError)."
         self._closed = True
         if self._sim is not None: self._drop_simulator()
-
-# %% ../../nbs/14_twx.ipynb #4fdcda40
-@functools.lru_cache(maxsize=1)
-def seed_folds() -> dict[str, list[int]]:
-    "The simulator's seed folds: {'train': [...], 'dev': [...], 'test': [...]} (same for every game)."
-    sim = _start_simulator(1)
-    try:
-        sim.load(TWX_GAMES[0], "")
-        return {"train": list(sim.getValidSeedsTrain()), "dev": list(sim.getValidSeedsDev()), "test": list(sim.getValidSeedsTest())}
-    finally: sim.close()
-
-def twx_task(game: str, seed: int, split: str = "train", params: str | None = None) -> Task:
-    "One TWX task (game + seed + params)."
-    _check_game(game)
-    p = DEFAULT_PARAMS[game] if params is None else params
-    tid = f"textworld_express/{game}/{split}/{seed}" + ("" if p == DEFAULT_PARAMS[game] else f"/{p}")
-    return Task(tid, "textworld_express", split=split, config={"game": game, "seed": seed, "params": p},
-                metadata={"game": game})
-
-def list_twx_tasks(split: str = "train", games: list[str] | None = None, n_per_game: int | None = None,
-                   params: dict[str, str] | str | None = None) -> list[Task]:
-    """Tasks of `split` for `games` (default all eight), the first `n_per_game` seeds of the fold (default all 1,000).
-    `params`: None for the lab defaults (`DEFAULT_PARAMS`), one params string for every game, or {game: params}."""
-    if split not in SPLITS: raise ValueError(f"TextWorld-Express splits are {SPLITS}, got {split!r}")
-    games = TWX_GAMES if games is None else games
-    for g in games: _check_game(g)
-    seeds = seed_folds()[split][:n_per_game]
-    def p(g): return params.get(g) if isinstance(params, dict) else params
-    return [twx_task(g, s, split, p(g)) for g in games for s in seeds]
 
 register_env("textworld_express", TextWorldExpressEnv, list_twx_tasks)

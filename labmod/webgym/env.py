@@ -52,6 +52,7 @@ def page_signature(obs: Observation) -> str:
     text = obs.text.split("\n\n", 1)[-1] if obs.text.startswith(("Invalid action", "The action")) else obs.text
     return "text:" + hashlib.sha1(text.encode()).hexdigest()
 
+# %% ../../nbs/63_webgym_env.ipynb #eb75b25c
 class RepetitionPenaltyEnv(EnvWrapper):
     "Flags actions that leave the page unchanged: `info['page_unchanged']`, and `info['reward_penalty']` (the engine charges it)."
     def __init__(self, inner: Env, penalty: float = 0.1):
@@ -81,6 +82,7 @@ def step_budget(difficulty: float | int | str) -> int:
     "The step limit for a task of `difficulty` (a number of facts, or a bin name)."
     return STEP_BUDGETS[difficulty if isinstance(difficulty, str) else difficulty_bin(difficulty)]
 
+# %% ../../nbs/63_webgym_env.ipynb #c6b20289
 def make_web_task_env(task: Task, sites: dict[str, str], penalty: float = 0.1, screenshot: bool = False,
                       step_limit: int | None = None, **browser_kw) -> Env:
     """The browser env for a rubric task: `RepetitionPenaltyEnv(RubricRewardEnv(BrowserEnv('web')))` with the
@@ -160,7 +162,6 @@ def browser_pool(sites: dict[str, str], n_workers: int, screenshot: bool = False
     return EnvPool("web", n_workers, dict(step_limit=BROWSER_STEP_LIMIT, screenshot=screenshot, allowed_hosts=served_hosts(sites)),
                    step_timeout=step_timeout)
 
-# %% ../../nbs/63_webgym_env.ipynb #33053eca
 class _WorkerLease(EnvWrapper):
     "A pool worker's env view that hands the worker back when its slot closes it (the pool owns the process)."
     def __init__(self, inner: Env, release: Callable[[], None]):

@@ -164,12 +164,14 @@ def web_envs(sites: dict[str, str], cfg: WebGymConfig) -> Iterator[Callable[[], 
     finally:
         if pool is not None: pool.close()
 
+# %% ../../nbs/64_webgym_train.ipynb #9e249c03
 def expert_traces(agent: Agent, env_factory: Callable[[], WebTaskEnv], tasks: list[Task], cfg: WebGymConfig) -> dict[str, Trajectory]:
     "The expert's successful demonstration of each task (in `agent`'s format), by task id."
     uniq = list({t.id: t for t in tasks}.values())
     demos = judged(demonstrations(agent, env_factory, uniq, "expert", cfg.run.max_turns, cfg.run.seed, cfg.run.n_envs))
     return {d.task.id: d for d in demos if d.success}
 
+# %% ../../nbs/64_webgym_train.ipynb #3877e913
 def train_webgym(lm, sites: dict[str, str], tasks: RunTasks, cfg: WebGymConfig, store=None) -> dict:
     "Warm start (optional) then REINFORCE or GRPO on rubric tasks of the served `sites`, through `rl.run.train`; returns its result."
     agent = cfg.make_agent(lm)

@@ -13,9 +13,9 @@ from ..envs.core import MissingDependency, normalize_text
 from ..envs.browser import StaticSite
 
 # %% auto #0
-__all__ = ['SITES', 'DEFAULT_SITES', 'VOID_TAGS', 'MAX_PAGE_BYTES', 'SiteSpec', 'site_spec', 'installed_sites', 'serve_sites',
-           'stop_sites', 'site_host', 'page_url', 'url_path', 'HtmlNode', 'parse_html', 'Page', 'read_page',
-           'unique_links', 'link_path', 'reachable_pages', 'webgym_groups', 'load_webgym_tasks']
+__all__ = ['SITES', 'DEFAULT_SITES', 'VOID_TAGS', 'MAX_PAGE_BYTES', 'SiteSpec', 'site_spec', 'installed_sites', 'site_host',
+           'page_url', 'url_path', 'serve_sites', 'stop_sites', 'HtmlNode', 'parse_html', 'Page', 'read_page',
+           'unique_links', 'reachable_pages', 'link_path', 'webgym_groups', 'load_webgym_tasks']
 
 # %% ../../nbs/60_webgym_websites.ipynb #91e39a87
 @dataclass(frozen=True)
@@ -42,6 +42,7 @@ SITES: dict[str, SiteSpec] = {s.name: s for s in [
 ]}
 DEFAULT_SITES = ["postgresql", "git", "sqlite", "python"]
 
+# %% ../../nbs/60_webgym_websites.ipynb #1c4e3615
 def site_spec(name: str) -> SiteSpec:
     "The registered site `name`; `MissingDependency` naming the apt package when its HTML is not installed."
     if name not in SITES: raise KeyError(f"unknown site {name!r}; known: {', '.join(SITES)}")
@@ -54,6 +55,18 @@ def site_spec(name: str) -> SiteSpec:
 def installed_sites(names: list[str] | None = None) -> list[str]:
     "The sites among `names` (default: all registered) whose HTML is installed here."
     return [n for n in (names or list(SITES)) if SITES[n].installed()]
+
+# %% ../../nbs/60_webgym_websites.ipynb #a9350876
+def site_host(url: str) -> str: return urllib.parse.urlsplit(url).netloc
+
+def page_url(sites: dict[str, str], site: str, path: str) -> str:
+    "The served URL of `path` (relative to the site's HTML root) on `site`."
+    if site not in sites: raise KeyError(f"site {site!r} is not served; serve_sites([{site!r}]) first (served: {sorted(sites)})")
+    return sites[site] + path.lstrip("/")
+
+def url_path(url: str) -> str:
+    "The page path of a served URL (no leading slash, no query or fragment)."
+    return urllib.parse.unquote(urllib.parse.urlsplit(url).path).lstrip("/")
 
 # %% ../../nbs/60_webgym_websites.ipynb #3be46b8e
 _SERVERS: dict[str, StaticSite] = {}
@@ -71,17 +84,6 @@ def stop_sites(names: list[str] | None = None) -> None:
     "Shut the servers of `names` (default all) down."
     for name in list(names or _SERVERS):
         if srv := _SERVERS.pop(name, None): srv.close()
-
-def site_host(url: str) -> str: return urllib.parse.urlsplit(url).netloc
-
-def page_url(sites: dict[str, str], site: str, path: str) -> str:
-    "The served URL of `path` (relative to the site's HTML root) on `site`."
-    if site not in sites: raise KeyError(f"site {site!r} is not served; serve_sites([{site!r}]) first (served: {sorted(sites)})")
-    return sites[site] + path.lstrip("/")
-
-def url_path(url: str) -> str:
-    "The page path of a served URL (no leading slash, no query or fragment)."
-    return urllib.parse.unquote(urllib.parse.urlsplit(url).path).lstrip("/")
 
 # %% ../../nbs/60_webgym_websites.ipynb #4b065e8e
 VOID_TAGS = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "param", "source", "track", "wbr"}
@@ -124,6 +126,7 @@ class HtmlNode:
         while p is not None and p.tag not in tags: p = p.parent
         return p
 
+# %% ../../nbs/60_webgym_websites.ipynb #67be66b1
 class _TreeBuilder(HTMLParser):
     def __init__(self):
         super().__init__(convert_charrefs=True)
@@ -183,6 +186,7 @@ def _resolve_link(from_path: str, href: str) -> str | None:
     if not target or target.endswith("/"): target += "index.html"
     return target if target.endswith((".html", ".htm")) else None
 
+# %% ../../nbs/60_webgym_websites.ipynb #63b2461d
 _PAGE_CACHE: dict[tuple[str, str], Page | None] = {}
 MAX_PAGE_BYTES = 400_000
 
@@ -214,6 +218,20 @@ def unique_links(page: Page) -> dict[str, str]:
         if by_text.get(normalize_text(text)) == {target} and target not in out and len(text) <= 150: out[target] = text
     return out
 
+# %% ../../nbs/60_webgym_websites.ipynb #bb3ab9c0
+def reachable_pages(site: str, max_depth: int = 2, max_pages: int = 400) -> dict[str, int]:
+    "`{page path: clicks from the start page}` for pages reachable by unique links within `max_depth` clicks."
+    start = SITES[site].start_page
+    depth, queue = {start: 0}, collections.deque([start])
+    while queue and len(depth) < max_pages:
+        cur = queue.popleft()
+        if depth[cur] >= max_depth or (page := read_page(site, cur)) is None: continue
+        for target in unique_links(page):
+            if target not in depth and len(depth) < max_pages:
+                depth[target] = depth[cur] + 1; queue.append(target)
+    return depth
+
+# %% ../../nbs/60_webgym_websites.ipynb #e3ce2cda
 def link_path(site: str, start: str, goal: str, max_pages: int = 3000) -> list[tuple[str, str]] | None:
     "Shortest list of clicks `[(anchor text, page reached)]` from `start` to `goal`; [] if equal, None if unreachable."
     if start == goal: return []
@@ -232,18 +250,6 @@ def link_path(site: str, start: str, goal: str, max_pages: int = 3000) -> list[t
                 return path[::-1]
             queue.append(target)
     return None
-
-def reachable_pages(site: str, max_depth: int = 2, max_pages: int = 400) -> dict[str, int]:
-    "`{page path: clicks from the start page}` for pages reachable by unique links within `max_depth` clicks."
-    start = SITES[site].start_page
-    depth, queue = {start: 0}, collections.deque([start])
-    while queue and len(depth) < max_pages:
-        cur = queue.popleft()
-        if depth[cur] >= max_depth or (page := read_page(site, cur)) is None: continue
-        for target in unique_links(page):
-            if target not in depth and len(depth) < max_pages:
-                depth[target] = depth[cur] + 1; queue.append(target)
-    return depth
 
 # %% ../../nbs/60_webgym_websites.ipynb #c4f034e1
 def _fact_text(f) -> str:
@@ -270,6 +276,7 @@ def webgym_groups(ref) -> list[dict]:
     if not groups or not all(g["facts"] for g in groups): raise ValueError("evaluator_reference has an empty fact group")
     return groups
 
+# %% ../../nbs/60_webgym_websites.ipynb #d006cc0e
 def load_webgym_tasks(source, split: str = "train", env: str = "web") -> list[Task]:
     "Tasks from WebGym's published format: a JSON/JSONL file path or a list of records."
     if isinstance(source, (str, Path)):
