@@ -9,8 +9,8 @@ __all__ = []
 from ..core import lazy_exports
 
 _NAMES = {
-    **dict.fromkeys(['GRPOConfig', 'ReinforceConfig', 'PPOConfig', 'WarmStart', 'RunConfig'], 'labmod.rl.config'),
-    **dict.fromkeys(['Sample', 'samples_from_groups', 'reinforce_samples', 'trainable'], 'labmod.rl.samples'),
+    **dict.fromkeys(['GRPOConfig', 'GiGPOConfig', 'ReinforceConfig', 'PPOConfig', 'WarmStart', 'RunConfig'], 'labmod.rl.config'),
+    **dict.fromkeys(['Sample', 'samples_from_groups', 'gigpo_samples', 'step_advantages', 'reinforce_samples', 'trainable'], 'labmod.rl.samples'),
     **dict.fromkeys(['PolicyTrainer', 'PPOTrainer', 'sft', 'seed_everything'], 'labmod.rl.trainer'),
     **dict.fromkeys(['train', 'RunTasks', 'RunHooks', 'train_loop', 'warm_start', 'demonstrations', 'evaluate'], 'labmod.rl.run'),
     **dict.fromkeys(['ConversationAgent', 'chat_turn_ids', 'trl_sequence', 'TRLRollout', 'env_reward'], 'labmod.rl.trl'),

@@ -15,8 +15,8 @@ from ..core import Task, Turn, Trajectory, Observation
 from ..envs.core import Env
 from ..agent import Agent, ExpertPolicy, RandomPolicy
 from ..rollout import RolloutEngine, RolloutConfig
-from .config import GRPOConfig, ReinforceConfig, PPOConfig, WarmStart, RunConfig, WARM_SOURCES
-from .samples import Sample, samples_from_groups, reinforce_samples, fill_batch, is_informative, group_rewards, trainable
+from .config import GRPOConfig, GiGPOConfig, ReinforceConfig, PPOConfig, WarmStart, RunConfig, WARM_SOURCES
+from .samples import Sample, samples_from_groups, reinforce_samples, gigpo_samples, fill_batch, is_informative, group_rewards, trainable
 from .trainer import PolicyTrainer, PPOTrainer, latest_checkpoint, sft
 
 # %% auto #0
@@ -31,10 +31,11 @@ def make_trainer(model, tokenizer, cfg: GRPOConfig, ref_model=None, accelerator=
     return PolicyTrainer(model, tokenizer, cfg, ref_model=ref_model, accelerator=accelerator)
 
 def make_samples(trainer: PolicyTrainer, groups: list[list[Trajectory]]) -> list[Sample]:
-    "The training samples of `groups` under the trainer's algorithm: PPO's GAE, REINFORCE on successes, or GRPO group advantages."
+    "The training samples of `groups` under the trainer's algorithm: PPO's GAE, REINFORCE on successes, GiGPO's episode + step advantages, or GRPO group advantages."
     cfg = trainer.cfg
     if isinstance(trainer, PPOTrainer): return trainer.samples_from_groups(groups)
     if isinstance(cfg, ReinforceConfig): return reinforce_samples(groups, cfg.recency_decay, cfg.success_reward)
+    if isinstance(cfg, GiGPOConfig): return gigpo_samples(groups, cfg)
     return samples_from_groups(groups, cfg.sample_mode, cfg.scale_rewards, turn_weight=cfg.turn_weight)
 
 # %% ../../nbs/34_rl_run.ipynb #7b8d11f5
@@ -96,6 +97,9 @@ def train_loop(trainer: PolicyTrainer, collect: Callable[[list[Task]], list[list
             rec = dict(frac_filtered=1 - sum(map(is_informative, groups)) / max(len(groups), 1))
         rec = {**group_stats(groups), **rec, "collect_time": time.perf_counter() - t0}
         samples = make_samples(trainer, groups) if groups else []
+        if samples and "step_group" in samples[0].meta:   # GiGPO: how many turns shared their anchor state with others
+            rec["gigpo/step_group_mean"] = float(np.mean([s.meta["step_group"] for s in samples]))
+            rec["gigpo/shared_turns"] = float(np.mean([s.meta["step_group"] > 1 for s in samples]))
         if trainer.any_rank(bool(samples)): rec.update(trainer.update(samples))   # under DDP every rank updates (or none)
         else: trainer.step += 1; rec["skipped_update"] = True
         if after_update is not None: after_update()

@@ -13,7 +13,7 @@ from ..envs.core import Env, SharedEnvs, env_factory
 from ..agent import Agent
 from ..models import load_lm
 from ..rollout import RolloutEngine, RolloutConfig
-from ..rl.config import GRPOConfig, RunConfig, WarmStart
+from ..rl.config import GRPOConfig, GiGPOConfig, RunConfig, WarmStart
 from ..rl.run import RunTasks, train, evaluate, warm_start
 from ..lab.store import RunStore
 from .explore import ExploreConfig, RandomExplorer, explore, exploration_envs
@@ -162,6 +162,7 @@ class Recipe:
     n_envs: int = 8               # env slots of every run and test
     test_samples: int = 1         # episodes per held-out task or target, at the sampling temperature
     warm_epochs: int = 4          # SFT epochs on random admissible actions of the warm-start tasks (0: none)
+    rl_algo: str = "grpo"         # the task-RL stage's update: "grpo", or "gigpo" (+ step advantages from shared anchor states)
 
     def agent(self, seed: int, make: Callable[[], Env], warm_tasks: list[Task]) -> Agent:
         "A fresh policy for `seed` (temperature 1, no history), warm-started on random admissible actions of `warm_tasks`."
@@ -173,16 +174,27 @@ class Recipe:
 
     def run(self, steps: int, seed: int, **changes) -> RunConfig:
         "A GRPO run of `steps` updates, evaluated before and after at temperature 1; `changes` override `RunConfig` fields."
-        algo = GRPOConfig(lr=self.lr, old_logprobs="sampler", micro_batch_size=16)
+        algo = self.update("grpo")
         return RunConfig(**{**dict(steps=steps, groups_per_step=self.groups_per_step, group_size=self.group_size, max_turns=self.max_turns,
                                    n_envs=self.n_envs, eval_every=max(1, steps), eval_temperature=1.0, eval_samples=self.test_samples,
                                    seed=seed, progress=False, algo=algo), **changes})
+
+    def update(self, name: str = "grpo") -> GRPOConfig:
+        "The update of `name` at the recipe's learning rate: GRPO, or GiGPO with verl-agent's defaults (gamma 0.95, omega 1)."
+        cls = {"grpo": GRPOConfig, "gigpo": GiGPOConfig}.get(name)
+        if cls is None: raise ValueError(f"Recipe: the update must be 'grpo' or 'gigpo', got {name!r}")
+        return cls(lr=self.lr, old_logprobs="sampler", micro_batch_size=16)
 
     def tests(self, base: bool = True) -> HeldOutConfig:
         "Held-out tests at the sampling temperature, `test_samples` episodes per task."
         return HeldOutConfig(max_turns=self.max_turns, temperature=1.0, samples=self.test_samples, n_envs=self.n_envs, base=base)
 
     def pipeline(self, stages: tuple, seed: int, s2s_steps: int, rl_steps: int, **changes) -> PipelineConfig:
-        "The pipeline: S2S keeps its best state-reaching validation checkpoint (`keep='best'`) with 2 sampling rounds per update."
+        "The pipeline: task RL with `rl_algo`; S2S (GRPO) keeps its best state-reaching validation checkpoint (`keep='best'`) with 2 sampling rounds per update."
         return PipelineConfig(**{**dict(stages=stages, s2s=self.run(s2s_steps, seed, keep="best", max_gen_batches=2),
-                                        rl=self.run(rl_steps, seed), test=self.tests()), **changes})
+                                        rl=self.rl_run(rl_steps, seed), test=self.tests()), **changes})
+
+    def rl_run(self, steps: int, seed: int, **changes) -> RunConfig:
+        """The task-RL stage with `rl_algo`'s update. GiGPO keeps the groups whose episode rewards are all equal (no dynamic
+        sampling, as verl-agent): with gamma < 1 such a group still carries step-level signal (some episodes finish sooner)."""
+        return self.run(steps, seed, **{**dict(algo=self.update(self.rl_algo), dynamic_sampling=self.rl_algo != "gigpo"), **changes})
