@@ -174,8 +174,6 @@ def test_description_only_facts_make_tasks(tasks):
     assert back[task.id].instruction == asked and back[task.id].rubric["groups"] == task.rubric["groups"]
 
 
-@pytest.mark.xfail(strict=True, reason="needs the evaluator change of issue 17 item 12 in nbs/62_webgym_evaluator.ipynb "
-                   "(strip_questions must not delete a fact's own accepted text); remove this mark with it")
 def test_description_only_facts_earn_the_rubric_reward(tasks, sites):
     "End to end: the scripted navigator opens the page that shows the value and answers with the reference answer."
     src, fact, groups = _described(tasks)

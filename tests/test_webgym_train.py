@@ -5,7 +5,7 @@ judging, and a browser worker killed mid-batch.
 
 Needs two of the Debian documentation packages (postgresql-doc-15 git-doc sqlite3-doc python3.11-doc) and chromium.
 Run: .venv/bin/pytest tests/test_webgym_train.py -s"""
-import os, signal, threading
+import dataclasses, os, signal, threading
 import pytest
 import torch
 from labmod.core import Trajectory
@@ -48,7 +48,7 @@ def lm():
 def _cfg(algo, **kw):
     run = RunConfig(steps=1, groups_per_step=1, group_size=2, max_turns=2, n_envs=2, eval_every=0, dynamic_sampling=False,
                     progress=False, algo=algo)
-    return WebGymConfig(run=run, format=TASK_FORMAT, history_k=0, max_new_tokens=8, expert_in_groups=True, **kw)
+    return WebGymConfig(run=run, format=TASK_FORMAT, history_k=0, max_new_tokens=None, expert_in_groups=True, **kw)   # fitted to the answers
 
 
 @pytest.mark.parametrize("algo", [ReinforceConfig(lr=1e-4, micro_batch_size=2), GRPOConfig(lr=1e-4, micro_batch_size=2)],
@@ -67,12 +67,12 @@ def test_update_through_the_training_run(sites, tasks, lm, algo):
 
 def _memory_cfg(**kw):
     run = RunConfig(steps=0, max_turns=6, n_envs=1, progress=False, warm=WarmStart(epochs=1, lr=2e-3, batch_size=1))
-    return WebGymConfig(run=run, format=MEMORY_FORMAT, history_k=0, max_new_tokens=96, sft_turns="click", **kw)
+    return WebGymConfig(run=run, format=MEMORY_FORMAT, history_k=0, max_new_tokens=None, sft_turns="click", **kw)
 
 
 def test_warm_start_in_the_memory_format(sites, tasks, lm):
     cfg = _memory_cfg()
-    agent = cfg.make_agent(lm)
+    agent = cfg.make_agent(lm, tasks)
     with web_envs(sites, cfg) as factory:
         demos = WebGymHooks(cfg).demos(demonstrations(agent, factory, tasks[:1], "expert", cfg.run.max_turns))
     (demo,) = demos
@@ -80,7 +80,7 @@ def test_warm_start_in_the_memory_format(sites, tasks, lm):
     assert demo.success and clicks and demo.turns[-1].action.startswith("answer(")
     assert clicks[0].completion.startswith("<memory>visited: none</memory><progress>0 of ")
     assert "Your memory so far: visited: none" in demo.turns[1].prompt[1]["content"]      # the expert's memory comes back
-    examples = sft_examples(agent, demos)                                               # click turns only, within 96 tokens
+    examples = sft_examples(agent, demos)                                               # click turns only, within the fitted budget
     assert [c for _, c in examples] == [t.completion_ids for t in clicks]
     before = {k: v.detach().clone() for k, v in lm.model.state_dict().items()}
     res = train_webgym(lm, sites, RunTasks(tasks[1:2], tasks[2:3], warm=tasks[:1]), cfg)
@@ -169,3 +169,21 @@ def test_killed_browser_worker_is_restarted(sites, tasks, lm):
         assert not any("env_error" in t.metadata for t in trajs), [t.metadata for t in trajs]
         assert eng.stats.env_errors >= 1 and eng.stats.lost_episodes == 0 and pool.restarts(0) >= 1 and pool.worker_pid(0) != pid
     finally: pool.close()
+
+
+def test_action_budget_fits_the_answer_turns(sites, tasks, lm):
+    "Issue 21: a 16-token budget cannot hold the expert's answer turn: a clear error naming the setting; the fitted budget can."
+    run = RunConfig(steps=0, max_turns=6, n_envs=1, progress=False, warm=WarmStart(epochs=1, lr=2e-3, batch_size=1))
+    old = WebGymConfig(run=run, format=TASK_FORMAT, history_k=0, max_new_tokens=16)
+    with pytest.raises(ValueError, match=r"WebGymConfig\.max_new_tokens=16 cannot hold the expert's answer turn"):
+        train_webgym(lm, sites, RunTasks(tasks[1:2], tasks[2:3], warm=tasks[:1]), old)
+    fitted = dataclasses.replace(old, max_new_tokens=None)
+    agent = fitted.make_agent(lm, tasks)
+    with web_envs(sites, fitted) as factory:
+        demos = WebGymHooks(fitted).demos(demonstrations(agent, factory, tasks, "expert", run.max_turns))
+    answers = [t for d in demos for t in d.turns if t.action.startswith("answer(")]
+    assert len(answers) == len(tasks) and all(d.success for d in demos)
+    assert agent.max_new_tokens == max(len(t.completion_ids) for t in answers) > 16     # the longest answer turn, exactly
+    assert len(sft_examples(agent, demos)) == sum(len(d.turns) for d in demos)          # the warm start trains on the answers too
+    res = train_webgym(lm, sites, RunTasks(tasks[1:2], tasks[2:3], warm=tasks[:1]), fitted)
+    assert res["warm"]["examples"] == len(demos[0].turns) and res["effective_updates"] == 0

@@ -11,9 +11,9 @@ from ..core import lazy_exports
 _NAMES = {
     **dict.fromkeys(['serve_sites', 'installed_sites'], 'labmod.webgym.websites'),
     **dict.fromkeys(['generate_tasks', 'website_split', 'decompose', 'evidence_pages'], 'labmod.webgym.rubric'),
-    **dict.fromkeys(['evaluate_rubric', 'rubric_judge', 'EvalQueue', 'PageNavigator', 'labelled_trajectories'], 'labmod.webgym.evaluator'),
+    **dict.fromkeys(['evaluate_rubric', 'credited_facts', 'rubric_judge', 'EvalQueue', 'PageNavigator', 'labelled_trajectories'], 'labmod.webgym.evaluator'),
     **dict.fromkeys(['RubricRewardEnv', 'RepetitionPenaltyEnv', 'WebTaskEnv', 'web_env_factory'], 'labmod.webgym.env'),
-    **dict.fromkeys(['MemoryFormat', 'MEMORY_FORMAT', 'WebGymConfig', 'WebGymHooks', 'train_webgym', 'compare_arms'], 'labmod.webgym.train'),
+    **dict.fromkeys(['MemoryFormat', 'MEMORY_FORMAT', 'WebGymConfig', 'fit_answer_budget', 'WebGymHooks', 'train_webgym', 'compare_arms'], 'labmod.webgym.train'),
 }
 __all__ = list(_NAMES)
 __getattr__, __dir__ = lazy_exports(__name__, _NAMES)

@@ -12,16 +12,16 @@ from ..core import Task, Trajectory, Turn, Observation
 from ..envs.core import normalize_text, make_env
 from ..agent import AgentState, ScriptedPolicy
 from ..rollout import RolloutEngine, RolloutConfig
-from .rubric import compact, rubric_facts, evidence_pages, bind_task, _json_candidates
+from .rubric import compact, rubric_facts, evidence_pages, bind_task, fact_text, _json_candidates
 from .websites import link_path, url_path, site_host
 
 # %% auto #0
-__all__ = ['STOPWORDS', 'RUBRIC_JUDGE_PROMPT', 'RUBRIC_INSTRUCTIONS', 'TASK_ONLY_INSTRUCTIONS', 'JUDGES', 'INVENTED', 'seen_text',
-           'trajectory_views', 'RubricVerdict', 'answer_claims', 'contains_phrase', 'is_specific',
-           'hallucinated_claims', 'strip_questions', 'evaluate_rubric', 'task_only_judge', 'parse_judge_reply',
-           'judge_messages', 'rubric_llm_judge', 'rubric_judge', 'task_only_reward_judge', 'EvalQueue', 'click_toward',
-           'next_web_action', 'seen_pages', 'PageNavigator', 'labelled_trajectories', 'evaluate_evaluator',
-           'evaluator_table']
+__all__ = ['STOPWORDS', 'GENERIC', 'RUBRIC_JUDGE_PROMPT', 'RUBRIC_INSTRUCTIONS', 'TASK_ONLY_INSTRUCTIONS', 'JUDGES', 'INVENTED',
+           'seen_text', 'trajectory_views', 'RubricVerdict', 'answer_claims', 'contains_phrase', 'is_specific',
+           'specific_tokens', 'hallucinated_claims', 'fact_terms', 'answer_clauses', 'credited_facts',
+           'evaluate_rubric', 'task_only_judge', 'parse_judge_reply', 'judge_messages', 'rubric_llm_judge',
+           'rubric_judge', 'task_only_reward_judge', 'EvalQueue', 'click_toward', 'expert_answer', 'next_web_action',
+           'seen_pages', 'PageNavigator', 'labelled_trajectories', 'evaluate_evaluator', 'evaluator_table']
 
 # %% ../../nbs/62_webgym_evaluator.ipynb #67e75577
 _QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"')
@@ -58,13 +58,8 @@ class RubricVerdict:
     def to_dict(self) -> dict: return asdict(self)
 
 def answer_claims(answer: str) -> list[str]:
-    "The claims of an answer: pieces split at ; new lines and sentence ends, each without a leading `label:`."
-    out = []
-    for piece in re.split(r"[;\n]+|(?<=[a-z0-9\)])\.\s+(?=[A-Z])", answer or ""):
-        piece = piece.strip().rstrip(".")
-        if ": " in piece: piece = piece.rsplit(": ", 1)[1]
-        if piece: out.append(piece)
-    return out
+    "The claims of an answer: its clauses (`answer_clauses`), each without a leading `label:`."
+    return [c.rsplit(": ", 1)[1] if ": " in c else c for c in answer_clauses(answer)]
 
 def contains_phrase(haystack: str, needle: str, min_compact: int = 6) -> bool:
     """`needle` occurs in `haystack` as whole words (after `normalize_text`), or, for needles of at
@@ -89,12 +84,22 @@ def is_specific(claim: str) -> bool:
     if re.search(r"\d|[_()<>/=\[\]{}]|(?:^|\s)--?\w", claim): return True
     return any(w[:1].isupper() and w != "I" for w in claim.split()[1:])
 
+def specific_tokens(claim: str) -> list[str]:
+    """The tokens of a claim that name something specific: numbers, code-like tokens, capitalized words after
+    the first (the first too when the next is specific: "Zyxel 77"), without outer punctuation or a possessive 's."""
+    toks = [re.sub(r"['’]s$", "", t.strip(".,;:!?\"'")) for t in claim.split()]
+    spec = [bool(re.search(r"\d|[_()<>/=\[\]{}]|^--?\w", t)) for t in toks]
+    caps = [t[:1].isupper() and t != "I" for t in toks]
+    return [t for i, t in enumerate(toks) if compact(t) and (spec[i] or (caps[i] and (i > 0 or (len(toks) > 1 and (spec[1] or caps[1])))))]
+
 def hallucinated_claims(answer: str, step_texts: list[str], instruction: str = "", accepted: list[str] = (),
                         specific_only: bool = True) -> list[str]:
     """Claims of `answer` that no visited step supports: a claim is supported when it appears on a page
-    as a whole, or when each run of its content words (words that are neither stop words nor the
+    as a whole, or when each checked run of its content words (words that are neither stop words nor the
     instruction's) appears on some page or among `accepted` (values the rubric accepts for facts seen).
-    With `specific_only`, only claims that name something specific (`is_specific`) are checked."""
+    With `specific_only`, only claims that name something specific (`is_specific`) are checked, and only
+    their specific tokens (`specific_tokens`), each on its own: a page, an accepted value or the instruction
+    must hold it (prose around true values is no claim); otherwise every run of content words."""
     sources = list(step_texts) + list(accepted)
     skip = STOPWORDS | set(normalize_text(instruction).split())
     out = []
@@ -102,6 +107,9 @@ def hallucinated_claims(answer: str, step_texts: list[str], instruction: str = "
         if specific_only and not is_specific(claim): continue
         runs = _runs(normalize_text(claim).split(), skip)
         if not runs or any(contains_phrase(src, claim) for src in sources): continue
+        if specific_only:
+            if all(any(contains_phrase(src, t, min_compact=4) for src in sources + [instruction]) for t in specific_tokens(claim)): continue
+            out.append(claim); continue
         if all(any(f" {r} " in f" {normalize_text(src)} " or (" " in r and compact(r) in compact(src)) for src in sources) for r in runs):
             continue
         out.append(claim)
@@ -110,13 +118,96 @@ def hallucinated_claims(answer: str, step_texts: list[str], instruction: str = "
 def _accepted(fact: dict) -> list[str]:
     return [a for a in (fact.get("alternatives") or ([fact["answer"]] if fact.get("answer") else [])) if compact(a)]
 
-def strip_questions(answer: str, rubric: dict) -> str:
-    "The answer with the rubric's question texts removed (restating a question does not answer it)."
-    out = normalize_text(answer)
-    for f in rubric_facts(rubric):
-        for q in (f.get("question"), f.get("description")):
-            if q and normalize_text(q): out = out.replace(normalize_text(q), " ")
+_TOKEN = re.compile(r"\w+(?:[.\-+/]\w+)*")
+_SEP = re.compile(r",|\.(?=\s)|\b(?:and|but|while|whilst|whereas)\b", re.I)
+GENERIC = set("""column columns row rows table tables title titled section entry entries whose description describes described begins
+begin starting start report reports find give state list name named number""".split())
+
+def _tokens(text: str) -> list[tuple[str, int, bool]]:
+    "`(compact form, position, is separator)` of each word and clause separator (`,` and/but/while/whereas) of `text`."
+    out = [(compact(m.group()), m.start(), False) for m in _TOKEN.finditer(text or "")]
+    out += [("", m.start(), True) for m in _SEP.finditer(text or "") if m.group() in ",."]
+    out = sorted(out, key=lambda t: t[1])
+    return [(w, p, sep or w in ("and", "but", "while", "whilst", "whereas")) for w, p, sep in out if w or sep]
+
+def _stem(w: str) -> str:
+    "A crude stem, so that paraphrases meet: adding/add, created/creates/create, owned/owner/own."
+    for suf in ("ing", "ed", "er", "es", "s"):
+        if len(w) - len(suf) >= 3 and w.endswith(suf): w = w[:-len(suf)]; break
+    return w[:-1] if len(w) >= 5 and w.endswith("e") else w
+
+def _find(words: list[str], phrase: str, min_compact: int = 6) -> list[tuple[int, int]]:
+    "Word spans `[i, j)` of `words` (compact words) where `phrase` occurs: as whole words, or (at least `min_compact` letters and digits) inside the compact text."
+    want = [w for w, _, sep in _tokens(phrase) if not sep]
+    if not want: return []
+    n = len(want)
+    spans = [(i, i + n) for i in range(len(words) - n + 1) if words[i:i + n] == want]
+    c = "".join(want)
+    if spans or len(c) < min_compact: return spans
+    joined, owner = "", []
+    for i, w in enumerate(words): joined += w; owner += [i] * len(w)
+    k = joined.find(c)
+    while k >= 0:
+        spans.append((owner[k], owner[k + len(c) - 1] + 1)); k = joined.find(c, k + 1)
+    return sorted(set(spans))
+
+def fact_terms(fact: dict) -> set[str]:
+    "The content words of what a fact asks (its question or description), stemmed: the words that name its subject."
+    words = [w for w, _, sep in _tokens(fact.get("question") or fact.get("description") or "") if not sep]
+    own = {w for a in _accepted(fact) for w, _, sep in _tokens(a) if not sep}
+    return {_stem(w) for w in words if w not in STOPWORDS and w not in GENERIC and w not in own and (len(w) >= 2 or w.isdigit())}
+
+def answer_clauses(answer: str) -> list[str]:
+    "The pieces of an answer split at ; new lines, list bullets and sentence ends (a `label: value` piece keeps its label)."
+    out = []
+    for piece in re.split(r"[;\n]+|(?<=[a-z0-9\)])\.\s+(?=[A-Z\-*\"'(])", answer or ""):
+        piece = re.sub(r"^\s*(?:[-*•]|\d+[.)])\s+", "", piece).strip().rstrip(".")
+        if piece: out.append(piece)
     return out
+
+def _closeness(toks, a: tuple[int, int], b: tuple[int, int]) -> float:
+    "How strongly a word span `b` attaches to the value span `a`: 1/(1+words between), a tenth per clause separator between, 0.9 after the value."
+    lo, hi = (a[1], b[0]) if a[1] <= b[0] else (b[1], a[0])
+    between = toks[lo:hi]
+    gap, seps = sum(not s for _, _, s in between), sum(s for _, _, s in between)
+    return (0.1 ** seps) / (1 + gap) * (0.9 if b[0] >= a[1] else 1.0)
+
+def credited_facts(answer: str, rubric: dict) -> dict[str, bool]:
+    """Per fact id: whether the answer states one of the fact's accepted values FOR that fact.
+    In each clause, every mention of an accepted value is bound to the fact whose subject words
+    (`fact_terms`) stand closest to it (`_closeness`, summed over the words); the value counts for its
+    fact when no other fact's subject is bound more strongly. A clause that names no subject (a terse
+    `v1; v2` answer) binds by position: its values must come in the rubric's fact order. A restated
+    question (`question: value`) names its fact; values inside it do not count, except a fact's own
+    accepted text (a description-only fact whose description is its value)."""
+    facts = rubric_facts(rubric)
+    ids = [f.get("id", fact_text(f)) for f in facts]
+    terms = [fact_terms(f) for f in facts]
+    ok = dict.fromkeys(ids, False)
+    unbound = []        # (clause, position, fact index) of values whose clause names no subject
+    for ci, clause in enumerate(answer_clauses(answer)):
+        toks = [t for t in _tokens(clause)]
+        words = [w if not s else "" for w, _, s in toks]
+        masked = set()     # word positions inside a restated question
+        named = collections.defaultdict(float)
+        for fi, f in enumerate(facts):
+            q = f.get("question") or f.get("description") or ""
+            if any(compact(a) in compact(q) for a in _accepted(f)): continue
+            for i, j in _find(words, q): masked.update(range(i, j))
+        values = [(span, fi) for fi, f in enumerate(facts) for a in _accepted(f) for span in _find(words, a)
+                  if not set(range(*span)) & masked]
+        in_value = {k for (i, j), _ in values for k in range(i, j)}
+        subj = [((k, k + 1), fi) for k, w in enumerate(words) if w and k not in in_value
+                for fi, ts in enumerate(terms) if _stem(w) in ts]
+        for span, fi in values:
+            score = collections.defaultdict(float)
+            for s, gi in subj: score[gi] += _closeness(toks, span, s)
+            if not score: unbound.append((ci, span[0], fi)); continue
+            if score.get(fi, 0.0) >= max(score.values()): ok[ids[fi]] = True
+    nxt = 0
+    for _, _, fi in sorted(unbound):
+        if fi >= nxt: ok[ids[fi]] = True; nxt = fi + 1
+    return ok
 
 def evaluate_rubric(traj: Trajectory, rubric: dict | None = None, penalize_hallucination: bool = True,
                     instruction: str | None = None, specific_only: bool = True) -> RubricVerdict:
@@ -125,7 +216,7 @@ def evaluate_rubric(traj: Trajectory, rubric: dict | None = None, penalize_hallu
     if not rubric: raise ValueError(f"task {traj.task.id} has no rubric to evaluate against")
     steps, answer = trajectory_views(traj)
     seen = [compact(s) for s in steps]
-    ans = strip_questions(answer, rubric)
+    stated = credited_facts(answer, rubric)
     results, keypoints = [], set()
     for f in rubric_facts(rubric):
         ev = compact((f.get("evidence") or {}).get("text", ""))
@@ -133,8 +224,9 @@ def evaluate_rubric(traj: Trajectory, rubric: dict | None = None, penalize_hallu
         if ev: hits = [i for i, s in enumerate(seen) if ev in s]
         else: hits = [i for i, s in enumerate(steps) if any(contains_phrase(s, a) for a in accepted)]
         keypoints.update(hits)
-        ok = bool(hits) and (not accepted or any(contains_phrase(ans, a) for a in accepted))
-        results.append((f.get("id", f.get("question", "")), ok, hits[0] if hits else None))
+        fid = f.get("id", fact_text(f))
+        ok = bool(hits) and (not accepted or stated[fid])
+        results.append((fid, ok, hits[0] if hits else None))
     seen_values = [a for f, (_, _, step) in zip(rubric_facts(rubric), results) if step is not None for a in _accepted(f)]
     halluc = hallucinated_claims(answer, steps, instruction if instruction is not None else (traj.task.instruction or ""), seen_values, specific_only)
     reward = float(all(ok for _, ok, _ in results) and bool(results) and not (penalize_hallucination and halluc))
@@ -262,11 +354,18 @@ def click_toward(site: str, data: dict | None, goal: str) -> str | None:
             return f"click({n['id']})"
     return None
 
+def expert_answer(rubric: dict) -> str:
+    """The scripted expert's answer: every fact's value in the rubric's order, `; `-separated (the evaluator binds a
+    terse answer's values to the facts by position), or the rubric's reference answer when a fact has no value."""
+    facts = [f for g in rubric.get("groups") or [] for f in g.get("facts") or []]   # a group may name only its page
+    if facts and all(f.get("answer") for f in facts): return "; ".join(f["answer"] for f in facts)
+    return rubric.get("reference_answer") or ""
+
 def next_web_action(task: Task, pages: list[str], seen: set[str], data: dict | None, answer: bool = True) -> str | None:
-    "The scripted move on `task`: a click toward the first of `pages` not `seen`, then (with `answer`) the reference answer."
+    "The scripted move on `task`: a click toward the first of `pages` not `seen`, then (with `answer`) the expert's answer."
     left = [p for p in pages if p not in seen]
     if left: return click_toward(task.rubric["website"], data, left[0])
-    return f"answer({json.dumps(task.rubric['reference_answer'])})" if answer else None
+    return f"answer({json.dumps(expert_answer(task.rubric))})" if answer else None
 
 # %% ../../nbs/62_webgym_evaluator.ipynb #d6e23420
 def seen_pages(s: AgentState) -> list[str]:

@@ -9,20 +9,21 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 from tqdm.auto import tqdm
-from ..core import Task, Trajectory
+from ..core import Task, Trajectory, Turn, Observation
 from ..agent import Agent, AgentState, PromptFormat
 from ..rollout import RolloutEngine, RolloutConfig, apply_verdict
 from ..rl.config import RunConfig, ReinforceConfig
-from ..rl.run import RunTasks, RunHooks, train, demonstrations, warm_start, snapshot_weights, restore_weights
+from ..rl.run import RunTasks, RunHooks, train, demonstrations, warm_start, snapshot_weights, restore_weights, check_action_budget
 from ..rl.trainer import seed_everything
 from .rubric import difficulty_bin, rubric_difficulty, evidence_pages
-from .evaluator import EvalQueue, JUDGES, rubric_judge, seen_pages
+from .evaluator import EvalQueue, JUDGES, rubric_judge, seen_pages, next_web_action
 from .env import WebTaskEnv, web_env_factory, browser_pool
 
 # %% auto #0
 __all__ = ['MEMORY_SYSTEM', 'MEMORY_CLOSING', 'MEMORY_FORMAT', 'DIFFICULTY_MIXES', 'MemoryFormat', 'task_bin',
-           'sample_by_difficulty', 'tasks_from_sites', 'WebGymConfig', 'judged', 'click_turns_only', 'WebGymHooks',
-           'web_envs', 'expert_traces', 'train_webgym', 'compare_arms', 'arm_readings', 'rollout_throughput']
+           'sample_by_difficulty', 'tasks_from_sites', 'WebGymConfig', 'answer_turn_ids', 'fit_answer_budget', 'judged',
+           'click_turns_only', 'WebGymHooks', 'web_envs', 'expert_traces', 'train_webgym', 'compare_arms',
+           'arm_readings', 'rollout_throughput']
 
 # %% ../../nbs/64_webgym_train.ipynb #b8e7e726
 MEMORY_SYSTEM = ("You are an expert agent operating in an interactive environment. You keep a memory of what "
@@ -95,7 +96,7 @@ class WebGymConfig:
     run: RunConfig = field(default_factory=_webgym_run)   # max_turns caps an episode's turns (malformed turns count too)
     format: PromptFormat = MEMORY_FORMAT   # the agent's prompt: MEMORY_FORMAT (WebGym's memory agent) or TASK_FORMAT
     history_k: int = 1                     # earlier (observation, action) pairs in the prompt
-    max_new_tokens: int = 24               # the policy's budget per turn (the warm start refuses longer demonstrations)
+    max_new_tokens: int | None = None      # the policy's budget per turn; None: fitted to the expert's longest answer turn (`fit_answer_budget`)
     temperature: float = 1.0               # sampling temperature of training rollouts
     repetition_penalty: float = 0.1        # charged to a turn that left the page unchanged; 0: none, and REINFORCE keeps such turns
     step_limit: int | None = None          # a fixed step limit per episode; None: the difficulty's budget times budget_scale
@@ -112,9 +113,31 @@ class WebGymConfig:
         if self.sft_turns not in ("all", "click"): raise ValueError(f"WebGymConfig.sft_turns must be 'all' or 'click', got {self.sft_turns!r}")
         if self.repetition_penalty < 0: raise ValueError(f"WebGymConfig.repetition_penalty must be >= 0, got {self.repetition_penalty}")
 
-    def make_agent(self, lm) -> Agent:
-        "The policy this config trains: `lm` with its prompt format, history window and generation settings."
-        return Agent(lm, format=self.format, history_k=self.history_k, max_new_tokens=self.max_new_tokens, temperature=self.temperature)
+    def make_agent(self, lm, tasks: list[Task] = ()) -> Agent:
+        """The policy this config trains: `lm` with its prompt format, history window and generation settings; its
+        budget must fit the expert's answer turn on every task of `tasks` (`fit_answer_budget`)."""
+        agent = Agent(lm, format=self.format, history_k=self.history_k, max_new_tokens=self.max_new_tokens or 1, temperature=self.temperature)
+        return fit_answer_budget(agent, tasks, fitted=self.max_new_tokens is None)
+
+def answer_turn_ids(agent: Agent, task: Task) -> list[int]:
+    "The token ids of the expert's answer turn on `task` in `agent`'s format (after every evidence page: the memory lists them all)."
+    pages = evidence_pages(task.rubric)
+    seen = [Turn("", obs=Observation("", data={"url": f"http://served/{p}"})) for p in pages]
+    s = AgentState("", task=task, turns=seen, data=seen[-1].obs.data if seen else None)
+    return agent.lm.tokenizer(agent.format.demo(next_web_action(task, pages, set(pages), None), s), add_special_tokens=False).input_ids
+
+def fit_answer_budget(agent: Agent, tasks: list[Task], fitted: bool = False) -> Agent:
+    """`agent` with `max_new_tokens` set to the expert's longest answer turn on `tasks` (`fitted`), or checked
+    against it with `rl.run.check_action_budget`: a budget that cannot hold an answer is a clear error."""
+    examples = [([], answer_turn_ids(agent, t)) for t in {t.id: t for t in tasks if t.rubric}.values()]
+    if fitted:
+        if not examples: raise ValueError("WebGymConfig.max_new_tokens=None is fitted to the tasks' answers: pass the rubric tasks to make_agent(lm, tasks)")
+        return dataclasses.replace(agent, max_new_tokens=max(len(c) for _, c in examples))
+    try: check_action_budget(agent, examples)
+    except ValueError as e:
+        raise ValueError(f"WebGymConfig.max_new_tokens={agent.max_new_tokens} cannot hold the expert's answer turn: {e}. "
+                         "Set WebGymConfig.max_new_tokens to at least that, or None to fit it to the tasks") from None
+    return agent
 
 # %% ../../nbs/64_webgym_train.ipynb #9d0c8afc
 def judged(demos: list[Trajectory]) -> list[Trajectory]:
@@ -174,7 +197,7 @@ def expert_traces(agent: Agent, env_factory: Callable[[], WebTaskEnv], tasks: li
 # %% ../../nbs/64_webgym_train.ipynb #3877e913
 def train_webgym(lm, sites: dict[str, str], tasks: RunTasks, cfg: WebGymConfig, store=None) -> dict:
     "Warm start (optional) then REINFORCE or GRPO on rubric tasks of the served `sites`, through `rl.run.train`; returns its result."
-    agent = cfg.make_agent(lm)
+    agent = cfg.make_agent(lm, [*tasks.warm, *tasks.train, *(t for ts in tasks.eval.values() for t in ts)])
     with EvalQueue(cfg.eval_workers) as queue, web_envs(sites, cfg) as factory:
         expert = expert_traces(agent, factory, tasks.train, cfg) if cfg.expert_in_groups else {}
         return train(agent, factory, tasks, cfg.run, WebGymHooks(cfg, queue, expert), store)
@@ -188,7 +211,7 @@ def _warm_key(cfg: WebGymConfig, warm_tasks: list[Task]) -> tuple:
 def _warm_start(lm, sites: dict[str, str], warm_tasks: list[Task], cfg: WebGymConfig) -> dict:
     "The warm start `rl.run.train` would run for `cfg`, on its own (so several arms can share it)."
     with web_envs(sites, cfg) as factory:
-        return warm_start(cfg.make_agent(lm), factory, warm_tasks, cfg.run.warm, cfg.run.max_turns, cfg.run.seed,
+        return warm_start(cfg.make_agent(lm, warm_tasks), factory, warm_tasks, cfg.run.warm, cfg.run.max_turns, cfg.run.seed,
                           cfg.run.progress, WebGymHooks(cfg).demos)
 
 # %% ../../nbs/64_webgym_train.ipynb #5dfa5fa8
