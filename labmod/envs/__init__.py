@@ -11,6 +11,7 @@ from ..core import lazy_exports
 _NAMES = {
     **dict.fromkeys(['Env', 'EnvWrapper', 'EnvError', 'MissingDependency', 'make_env', 'list_tasks', 'env_names', 'register_env', 'SharedEnvs', 'env_factory', 'RoutingEnv', 'normalize_text'], 'labmod.envs.core'),
     **dict.fromkeys(['EnvPool', 'PooledEnv'], 'labmod.envs.pool'),
+    **dict.fromkeys(['RayEnvPool', 'RayPoolConfig', 'ray_init', 'pool_factory'], 'labmod.envs.ray_pool'),
 }
 __all__ = list(_NAMES)
 __getattr__, __dir__ = lazy_exports(__name__, _NAMES)
