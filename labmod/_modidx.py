@@ -1045,6 +1045,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                'labmod.models._resolve_dtype': ('models.html#_resolve_dtype', 'labmod/models.py'),
                                'labmod.models._restore_rng': ('models.html#_restore_rng', 'labmod/models.py'),
                                'labmod.models._rng_states': ('models.html#_rng_states', 'labmod/models.py'),
+                               'labmod.models._step_tokens': ('models.html#_step_tokens', 'labmod/models.py'),
                                'labmod.models._train_tokenizer': ('models.html#_train_tokenizer', 'labmod/models.py'),
                                'labmod.models._vllm_close': ('models.html#_vllm_close', 'labmod/models.py'),
                                'labmod.models._vllm_generate': ('models.html#_vllm_generate', 'labmod/models.py'),
