@@ -10,7 +10,7 @@ from ..core import Task, Observation, Step
 from .core import Env, EnvError, make_env
 
 # %% auto #0
-__all__ = ['EnvPool', 'PooledEnv']
+__all__ = ['WorkerCalls', 'EnvPool', 'PooledEnv']
 
 # %% ../../nbs/16_pool.ipynb #ddf2dcbf
 def _worker_main(conn, env_name: str, env_kwargs: dict):
@@ -117,25 +117,15 @@ class _Worker:
         raise RuntimeError(f"{self.label}: {method} failed: {value}")
 
 # %% ../../nbs/16_pool.ipynb #c5d3d5c3
-class EnvPool:
-    "`n_workers` processes, each holding `make_env(env_name, **env_kwargs)`; blocking calls and `submit` futures."
-    def __init__(self, env_name: str, n_workers: int, env_kwargs: dict | None = None, step_timeout: float = 60.0,
-                 start_timeout: float = 180.0, mp_context: str = "spawn"):
-        if n_workers < 1: raise ValueError(f"n_workers must be >= 1, got {n_workers}")
-        self.env_name, self.n_workers = env_name, n_workers
-        self.env_kwargs = dict(env_kwargs or {})
-        self.step_timeout, self.start_timeout = step_timeout, start_timeout
-        self._ctx = mp.get_context(mp_context)
-        self._closed = False
-        self._workers = [_Worker(i, self) for i in range(n_workers)]
-        for w in self._workers: w.start()  # all start together; each call waits for its own worker's readiness
-
-    def _worker(self, worker: int) -> _Worker:
+class WorkerCalls:
+    """The calls the rollout engine makes on a pool of env workers, local processes (`EnvPool`) or Ray actors
+    (`RayEnvPool`): each worker has a `label`, an `executor` (one thread: its calls in order) and `call(method, args, timeout)`."""
+    def _worker(self, worker: int):
         if not 0 <= worker < self.n_workers: raise IndexError(f"worker {worker} out of range 0..{self.n_workers - 1}")
         return self._workers[worker]
 
     def submit(self, worker: int, method: str, *args, timeout: float | None = None) -> Future:
-        "Call `env.method(*args)` on `worker` without blocking; the Future raises EnvError on crash or timeout."
+        "Call `env.method(*args)` on `worker` without blocking; the Future raises EnvError on a crash, a dead actor or a timeout."
         w = self._worker(worker)
         if self._closed: raise EnvError(f"{w.label}: pool is closed")
         return w.executor.submit(w.call, method, args, timeout)
@@ -148,6 +138,19 @@ class EnvPool:
     def step(self, worker: int, action: str) -> Step: return self.call(worker, "step", action)
     def valid_actions(self, worker: int) -> list[str]: return self.call(worker, "valid_actions")
     def expert_action(self, worker: int) -> str | None: return self.call(worker, "expert_action")
+
+class EnvPool(WorkerCalls):
+    "`n_workers` processes, each holding `make_env(env_name, **env_kwargs)`; blocking calls and `submit` futures."
+    def __init__(self, env_name: str, n_workers: int, env_kwargs: dict | None = None, step_timeout: float = 60.0,
+                 start_timeout: float = 180.0, mp_context: str = "spawn"):
+        if n_workers < 1: raise ValueError(f"n_workers must be >= 1, got {n_workers}")
+        self.env_name, self.n_workers = env_name, n_workers
+        self.env_kwargs = dict(env_kwargs or {})
+        self.step_timeout, self.start_timeout = step_timeout, start_timeout
+        self._ctx = mp.get_context(mp_context)
+        self._closed = False
+        self._workers = [_Worker(i, self) for i in range(n_workers)]
+        for w in self._workers: w.start()  # all start together; each call waits for its own worker's readiness
 
     def worker_pid(self, worker: int) -> int:
         "The worker's process id (starting it if needed): for monitoring, or to kill it in a test."

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Callable
 from ..core import Task, Observation, Step
 from .core import Env, EnvError, MissingDependency, _Borrowed, make_env
-from .pool import PooledEnv
+from .pool import PooledEnv, WorkerCalls
 
 # %% auto #0
 __all__ = ['QUERIES', 'ray_init', 'RayPoolConfig', 'EnvActor', 'RayEnvPool', 'pool_factory']
@@ -160,7 +160,7 @@ class _RayWorker:
         return out
 
 # %% ../../nbs/18_ray.ipynb #14cec37c
-class RayEnvPool:
+class RayEnvPool(WorkerCalls):
     "`n_workers` Ray actors each owning one `make_env(env_name, **env_kwargs)`, behind `EnvPool`'s interface; `factory()` lends them to engine slots."
     def __init__(self, env_name: str, n_workers: int, env_kwargs: dict | None = None, cfg: RayPoolConfig | None = None):
         if n_workers < 1: raise ValueError(f"n_workers must be >= 1, got {n_workers}")
@@ -193,25 +193,6 @@ class RayEnvPool:
         if not short: return ""
         what = ", ".join(f"{v:g} {k} (the cluster has {t:g})" for k, (v, t) in short.items())
         return f": {n} actors need {what}, so some wait for room; add nodes, or lower RayPoolConfig.num_cpus"
-
-    def _worker(self, worker: int) -> _RayWorker:
-        if not 0 <= worker < self.n_workers: raise IndexError(f"worker {worker} out of range 0..{self.n_workers - 1}")
-        return self._workers[worker]
-
-    def submit(self, worker: int, method: str, *args, timeout: float | None = None) -> Future:
-        "Call `env.method(*args)` on `worker`'s actor without blocking; the Future raises `EnvError` on a dead actor or a timeout."
-        w = self._worker(worker)
-        if self._closed: raise EnvError(f"{w.label}: pool is closed")
-        return w.executor.submit(w.call, method, args, timeout)
-
-    def call(self, worker: int, method: str, *args, timeout: float | None = None):
-        "Blocking `submit`."
-        return self.submit(worker, method, *args, timeout=timeout).result()
-
-    def reset(self, worker: int, task: Task) -> Observation: return self.call(worker, "reset", task)
-    def step(self, worker: int, action: str) -> Step: return self.call(worker, "step", action)
-    def valid_actions(self, worker: int) -> list[str]: return self.call(worker, "valid_actions")
-    def expert_action(self, worker: int) -> str | None: return self.call(worker, "expert_action")
 
     def where(self, worker: int) -> dict:
         "Where the worker's actor runs: its pid, Ray node id and node ip (waiting for it to start if needed)."
