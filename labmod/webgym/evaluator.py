@@ -115,6 +115,8 @@ def hallucinated_claims(answer: str, step_texts: list[str], instruction: str = "
         out.append(claim)
     return out
 
+
+# %% ../../nbs/62_webgym_evaluator.ipynb #37c52e27
 def _accepted(fact: dict) -> list[str]:
     return [a for a in (fact.get("alternatives") or ([fact["answer"]] if fact.get("answer") else [])) if compact(a)]
 
@@ -209,6 +211,8 @@ def credited_facts(answer: str, rubric: dict) -> dict[str, bool]:
         if fi >= nxt: ok[ids[fi]] = True; nxt = fi + 1
     return ok
 
+
+# %% ../../nbs/62_webgym_evaluator.ipynb #61a70424
 def evaluate_rubric(traj: Trajectory, rubric: dict | None = None, penalize_hallucination: bool = True,
                     instruction: str | None = None, specific_only: bool = True) -> RubricVerdict:
     "Rule-based verdict on `traj` against `rubric` (default: the trajectory task's rubric)."
