@@ -959,6 +959,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'labmod.lab.runner._run_id': ('runner.html#_run_id', 'labmod/lab/runner.py'),
                                    'labmod.lab.runner._scalar': ('runner.html#_scalar', 'labmod/lab/runner.py'),
                                    'labmod.lab.runner._sequence': ('runner.html#_sequence', 'labmod/lab/runner.py'),
+                                   'labmod.lab.runner._sweep_point': ('runner.html#_sweep_point', 'labmod/lab/runner.py'),
                                    'labmod.lab.runner.check_run_name': ('runner.html#check_run_name', 'labmod/lab/runner.py'),
                                    'labmod.lab.runner.coerce_param': ('runner.html#coerce_param', 'labmod/lab/runner.py'),
                                    'labmod.lab.runner.notebook_parameters': ('runner.html#notebook_parameters', 'labmod/lab/runner.py'),

@@ -230,3 +230,17 @@ def test_damaged_final_json_is_tolerated(env):
     from labmod.lab.experiment import Run
     run = Run(env / "runs" / "tiny" / "cut", {})
     with pytest.warns(UserWarning, match="cut off"): assert run.final(x=1) == {"x": 1}
+
+
+def test_parallel_sweep_runs_write_only_their_own_folders(env):
+    "issue 17, item 3: `sweep -j 4` ran 4 kernels that all wrote into the last run's folder (32 records in one, 0 in three)."
+    nb = make_notebook(env / "tiny.ipynb", BODY)
+    r = cli("sweep", str(nb), "--grid", "seed=0,1,2,3", "-j", "4", "--name", "par")
+    assert r.returncode == 0, r.stderr[-3000:]
+    runs = sorted(p for p in (env / "runs" / "tiny").iterdir() if (p / "final.json").exists())
+    assert len(runs) == 4, runs
+    finals = sorted(round(json.loads((p / "final.json").read_text())["success"], 6) for p in runs)
+    assert finals == [0.5, 0.6, 0.7, 0.8], finals                      # each run holds its own seed's result
+    for p in runs:
+        rows = [json.loads(line) for line in (p / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        assert len([x for x in rows if "reward" in x]) == 5, (p, rows)   # and only its own 5 records

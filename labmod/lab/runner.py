@@ -4,8 +4,8 @@
 
 # %% ../../nbs/92_runner.ipynb #c713dba6
 from __future__ import annotations
-import ast, itertools, json, math, os, re, time, traceback
-from concurrent.futures import ThreadPoolExecutor
+import ast, itertools, json, math, multiprocessing, os, re, time, traceback
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from .settings import settings, writable_dir
 from .experiment import RUN_MARKER, atomic_write_text, read_json, recorded_readings
@@ -196,6 +196,11 @@ def run_notebook(notebook: Path | str, params: dict | None = None, name: str | N
     return meta
 
 # %% ../../nbs/92_runner.ipynb #00e780ce
+def _sweep_point(job: tuple) -> dict:
+    "One point of a sweep (a module-level function, so a worker process can run it)."
+    notebook, params, name, experiment = job
+    return run_notebook(notebook, params, name=name, experiment=experiment, progress=False, rebuild_index=False)
+
 def sweep(notebook: Path | str, grid: dict[str, list], params: dict | None = None, name: str | None = None,
           jobs: int = 1, progress: bool = True) -> dict:
     "Run every point of `grid` (values coerced like `-p`), then render reports/<experiment>/<sweep-id>.html."
@@ -212,13 +217,14 @@ def sweep(notebook: Path | str, grid: dict[str, list], params: dict | None = Non
     writable_dir("runs_dir", s); writable_dir("reports_dir", s)
     points = [dict(zip(grid, vals)) for vals in itertools.product(*grid.values())]
     for rid in [sweep_id] + [f"{sweep_id}-{i:03d}" for i in range(len(points))]: _refuse_reused(experiment, rid, s)
-    def one(i_point):
-        i, point = i_point
-        return run_notebook(notebook, {**params, **point}, name=f"{sweep_id}-{i:03d}", experiment=experiment,
-                            progress=False, rebuild_index=False)
+    todo = [(notebook, {**params, **point}, f"{sweep_id}-{i:03d}", experiment) for i, point in enumerate(points)]
     t0 = time.time()
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as ex:
-        metas = list(tqdm(ex.map(one, enumerate(points)), total=len(points), desc=f"sweep {experiment}", disable=not progress))
+    # parallel runs go to separate processes: papermill starts each kernel in its run folder by changing the process's
+    # working directory, so kernels started from threads of one process land in one another's folders
+    if jobs > 1:
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as ex:
+            metas = list(tqdm(ex.map(_sweep_point, todo), total=len(todo), desc=f"sweep {experiment}", disable=not progress))
+    else: metas = [_sweep_point(t) for t in tqdm(todo, desc=f"sweep {experiment}", disable=not progress)]
     rows = [{"run_id": m["run_id"], "html": f"{m['run_id']}.html", "status": m["status"],
              "params": {**params, **{k: m["effective_params"].get(k) for k in grid}}, "metrics": m["final"]} for m in metas]
     smeta = {"experiment": experiment, "run_id": sweep_id, "grid": grid, "fixed": params, "seeds": grid.get("seed"),
