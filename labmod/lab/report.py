@@ -10,12 +10,13 @@ from .settings import settings
 from .experiment import VERDICTS, apply_verdicts, atomic_write_text, format_reading, mean_ci, read_json, verdict
 
 # %% auto #0
-__all__ = ['LONG_TABLE_ROWS', 'CLAIMS_FILE', 'git_info', 'machine_info', 'path_roots', 'relativize', 'clean_page',
-           'verdict_badge', 'readings_table', 'readings_figure', 'final_table', 'params_drift', 'caveats',
-           'headline_readings', 'headline_final_keys', 'header_html', 'portable_meta', 'render_run_report',
-           'rerender_run_report', 'final_metrics', 'aggregate_over_seeds', 'render_sweep_page', 'superseded_runs',
-           'ClaimsError', 'claimed_experiments', 'load_claims', 'read_report_metas', 'scale_text', 'reading_cells',
-           'current_runs', 'claims_html', 'runs_html', 'build_index', 'mark_superseded', 'render_reports']
+__all__ = ['LONG_TABLE_ROWS', 'DESIGN_SEEDS', 'DESIGN_EPISODES', 'CLAIMS_FILE', 'git_info', 'machine_info', 'path_roots',
+           'relativize', 'clean_page', 'verdict_badge', 'readings_table', 'readings_figure', 'final_table',
+           'params_drift', 'caveats', 'headline_readings', 'headline_final_keys', 'header_html', 'portable_meta',
+           'render_run_report', 'rerender_run_report', 'final_metrics', 'aggregate_over_seeds', 'render_sweep_page',
+           'superseded_runs', 'ClaimsError', 'claimed_experiments', 'load_claims', 'read_report_metas', 'scale_text',
+           'reading_cells', 'current_runs', 'claims_html', 'runs_html', 'build_index', 'mark_superseded',
+           'render_reports']
 
 # %% ../../nbs/91_report.ipynb #b2113f2a
 def git_info(cwd: Path | None = None) -> dict:
@@ -197,6 +198,8 @@ def params_drift(meta: dict, defaults: dict | None, limit: int = 6) -> list[str]
     out += [f"default {k} {used[k]!r} → {defaults[k]!r}" for k in defaults if k in used and k not in explicit and used[k] != defaults[k]]
     return out[:limit] + ([f"and {len(out) - limit} more"] if len(out) > limit else [])
 
+DESIGN_SEEDS, DESIGN_EPISODES = 5, 128   # the lab's floor per reading at CPU defaults
+
 def caveats(meta: dict, defaults: dict | None = None) -> list[str]:
     "The caveats a run's own data raises (see above), most serious first."
     out = []
@@ -210,6 +213,12 @@ def caveats(meta: dict, defaults: dict | None = None) -> list[str]:
         if isinstance(seeds, list) and r["n_seeds"] < len(seeds):
             missing = [s for s in seeds if s not in r["seeds"]]
             out.append(f"reading {r['name']} has {r['n_seeds']} of the run's {len(seeds)} seeds (missing: {', '.join(map(str, missing))})")
+    low = [r for r in readings if r["n_seeds"] < DESIGN_SEEDS or (isinstance(r.get("episodes"), int) and r["episodes"] < DESIGN_EPISODES)]
+    if low and not (meta.get("effective_params") or {}).get("quick"):
+        r = min(low, key=lambda r: (r["n_seeds"], r.get("episodes") if isinstance(r.get("episodes"), int) else 0))
+        out.append(f"below the lab's design of {DESIGN_SEEDS} seeds x {DESIGN_EPISODES} episodes per reading: {r['name']} has "
+                   f"{r['n_seeds']} seed(s)" + (f" x {r['episodes']} episodes" if r.get("episodes") else "") +
+                   ", so only effects larger than its CI can show")
     if (meta.get("effective_params") or {}).get("quick"): out.append("quick run (quick=True): it checks the pipeline, not the claim")
     if (meta.get("git") or {}).get("dirty"):
         out.append(f"the working tree had uncommitted changes: commit {(meta['git'].get('commit') or '?')[:12]} does not pin the code that ran")
