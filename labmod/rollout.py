@@ -73,6 +73,7 @@ class RolloutStats:
     env_errors: int = 0            # env failures (each one retried while retries last)
     lost_episodes: int = 0         # episodes given up after their retries (not in the returned groups)
     n_envs: int = 1
+    errors: list = field(default_factory=list)   # 'task#member: Type: message' of the first 20 env failures, to read why
     @property
     def policy_utilization(self) -> float: return self.policy_busy_s / self.wall_s if self.wall_s else 0.0
     @property
@@ -197,6 +198,7 @@ class _Run:
     def env_failed(self, ep: _Episode, exc: Exception):
         "Retry the episode from reset in a rebuilt env, or give it up (counted, never silently)."
         self.stats.env_errors += 1
+        if len(self.stats.errors) < 20: self.stats.errors.append(f"{ep.task.id}#{ep.member}: {type(exc).__name__}: {str(exc)[:300]}")
         self.e.slots[ep.slot].discard()
         if ep.retries < self.e.cfg.episode_retries:
             ep.retries += 1; self.free.append(ep.slot); self.pending.appendleft(ep); return

@@ -106,9 +106,12 @@ def test_jvm_killed_mid_rollout_loses_no_episode():
         with RolloutEngine(policy, env_factory(name, shared=shared), cfg) as eng:
             groups = eng.run(tasks, group_size=2)
         st = eng.stats
-        print(f"{name}: {len(policy.killed)} kills, stats {st.as_dict()}")
+        print(f"{name}: {len(policy.killed)} kills, stats {st.as_dict()}", *st.errors, sep="\n")
         assert len(policy.killed) == len(kills)
-        assert st.lost_episodes == 0 and st.env_errors == len(kills)
+        # each kill costs at least one env error; in one CI run (stop 24, a loaded machine) three kills cost four, so
+        # more are allowed, but every error counted must be a JVM failure, and none may lose its episode
+        assert st.lost_episodes == 0 and st.env_errors >= len(kills), st.errors
+        assert len(st.errors) == st.env_errors and all("TextWorld-Express JVM" in e for e in st.errors), st.errors
         assert [len(g) for g in groups] == [2] * len(tasks) and all(tr.success for g in groups for tr in g)
         assert not any("env_error" in tr.metadata for g in groups for tr in g)
         # the very env objects whose JVMs were killed serve again, on new JVMs
