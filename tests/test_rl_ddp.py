@@ -1,6 +1,7 @@
 """DDP on 2 CPU processes (accelerate, gloo). The trainer: ranks update on different samples and end with identical
 weights, equal to one process updating on the union of their samples. The training run: `rl.train` on
 TextWorld-Express with one rank left without any informative group, which must neither deadlock nor diverge.
+The same run started from a notebook with `accelerate.notebook_launcher`.
 
 Run as a script under `torch.distributed.run` it is one rank of those jobs.
 """
@@ -125,6 +126,33 @@ def test_ddp_run_with_a_rank_without_informative_groups(tmp_path):
     assert empty, f"rank 1 never updated on nothing while rank 0 trained: {r0['history']} {r1['history']}"
     assert r0["after"] == r1["after"], "the ranks read different held-out results"
     print(f"weights identical after {len(r0['sums'])} syncs; rank 1 trained on nothing in updates {empty}; held-out {r0['after']['success']:.3f}")
+
+
+def test_ddp_from_a_notebook(tmp_path):
+    """The same two-rank run started the way a notebook user starts it: a Jupyter kernel runs a cell that defines the
+    training function and calls `accelerate.notebook_launcher(main, num_processes=2)` (forked processes, gloo on CPU)."""
+    import nbformat
+    from nbclient import NotebookClient
+    from nbformat.v4 import new_code_cell, new_notebook
+    here, out = str(Path(__file__).parent), str(tmp_path / "out")
+    nb = new_notebook(cells=[
+        new_code_cell(f"import sys; sys.path.insert(0, {here!r})\nfrom accelerate import notebook_launcher\nfrom test_rl_ddp import run_training"),
+        new_code_cell(f"def main():\n    import torch; torch.set_num_threads(1)\n    run_training({out!r})\n\n"
+                      "notebook_launcher(main, num_processes=2, use_port='29615')")])
+    Path(out).mkdir()
+    env = {"OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try: NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    finally:
+        for k, v in old.items():
+            if v is None: os.environ.pop(k, None)
+            else: os.environ[k] = v
+    said = "".join(o.get("text", "") for o in nb.cells[1].outputs)
+    assert "Launching training on 2" in said, said   # accelerate 1.15 says "2 CUDAs" on a CPU box; the ranks run on gloo
+    r0, r1 = (json.loads((tmp_path / "out" / f"run{i}.json").read_text()) for i in (0, 1))
+    assert r0["sums"] == r1["sums"] and len(set(r0["sums"])) > 1, (r0["sums"], r1["sums"])
+    assert r0["after"] == r1["after"]
 
 
 if __name__ == "__main__":
