@@ -14,3 +14,20 @@ def test_experiment_quick(nb, tmp_path):
     meta = json.loads((tmp_path / "reports" / nb.stem / "quick.json").read_text())
     assert r.returncode == 0 and meta["status"] == "ok", meta.get("error") or r.stderr[-3000:]
     assert meta["final"], "the notebook recorded no headline results (run.final)"
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_parameters_cell(nb):
+    """Every experiment takes `quick` (off by default), and `backend` and `lora` where it loads a model (env_tour and
+    s2s_stats run no policy); papermill's own reader sees every parameter (`papermill --help-notebook` lists it): a
+    comment it cannot parse (one with an '=' in it) hides the parameter."""
+    import nbformat
+    from papermill.translators import PythonTranslator
+    from labmod.lab.runner import notebook_parameters
+    ours, cells = notebook_parameters(nb), nbformat.read(nb, 4).cells
+    assert ours.get("quick") is False, sorted(ours)
+    if "load_lm(" in "".join(c.source for c in cells) or "model" in ours:
+        assert "backend" in ours and "lora" in ours, sorted(ours)
+    cell = next(c for c in cells if "parameters" in c.metadata.get("tags", []))
+    theirs = [p.name for p in PythonTranslator.inspect(cell)]
+    assert sorted(theirs) == sorted(ours), f"papermill cannot read {sorted(set(ours) - set(theirs))}: no '=' in their comments"
