@@ -4,7 +4,7 @@
 
 # %% ../nbs/20_models.ipynb #a352389f
 from __future__ import annotations
-import hashlib, importlib.util, itertools, warnings, json, os, random, re, shutil, tempfile, time, urllib.error, urllib.request
+import hashlib, importlib.util, itertools, warnings, json, os, random, re, shutil, tempfile, time, urllib.error, urllib.request, weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -430,6 +430,10 @@ def vllm_engine(path, dtype: str, on_cpu: bool, opts: VLLMOptions, lora: bool, s
     key = (str(path), dtype, on_cpu, opts, lora)
     if key in _ENGINES: _ENGINES[key]["users"] += 1; return _ENGINES[key]
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0"); os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    # an in-process engine keeps its parallel groups in vLLM's module globals: a second one built beside it would
+    # re-initialize them under the first ("pipeline model parallel group is not initialized" at the first's next
+    # generate), so while one lives, another engine runs in its own process (weights then go through a file)
+    in_process = os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and not any(r["in_process"] for r in _ENGINES.values())
     from vllm import LLM
     kw = dict(model=str(path), dtype=dtype, max_model_len=opts.max_model_len, seed=seed, logprobs_mode="processed_logprobs",
               enable_prefix_caching=opts.prefix_caching, enforce_eager=on_cpu if opts.enforce_eager is None else opts.enforce_eager,
@@ -438,10 +442,13 @@ def vllm_engine(path, dtype: str, on_cpu: bool, opts: VLLMOptions, lora: bool, s
     else: kw["gpu_memory_utilization"] = opts.gpu_memory_utilization
     if (block := opts.block_size or (32 if on_cpu else None)): kw["block_size"] = block
     if lora: kw.update(enable_lora=True, max_lora_rank=opts.max_lora_rank, max_loras=2)
-    states = _rng_states()
+    states, mp = _rng_states(), os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"]
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process else "1"
+    import vllm.envs
+    if hasattr(vllm.envs, "disable_envs_cache"): vllm.envs.disable_envs_cache()   # an engine froze vLLM's env reads at its start
     try: llm = LLM(**kw)
-    finally: _restore_rng(states)
-    _ENGINES[key] = {"llm": llm, "users": 1, "key": key, "in_process": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"}
+    finally: _restore_rng(states); os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = mp
+    _ENGINES[key] = {"llm": llm, "users": 1, "key": key, "in_process": in_process}
     return _ENGINES[key]
 
 # %% ../nbs/20_models.ipynb #bea58d99
@@ -469,6 +476,7 @@ class VLLMLM(LM):
             with torch.no_grad(): weights = [(n, p.detach()) for n, p in self.model.state_dict().items() if not n.endswith("rotary_emb.inv_freq")]   # tied lm_head included; vLLM computes rotary tables itself
             if self._record["in_process"]: self.engine.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
             else: self._push_through_file(weights)
+            self._record["owner"] = weakref.ref(self)   # whose weights the shared engine holds now
         self.engine.reset_prefix_cache()
 
     def _push_through_file(self, weights):
@@ -495,6 +503,9 @@ def _vllm_generate(self, prompts, max_new_tokens=128, temperature=1.0, top_p=1.0
     def params(i, seeded):
         return SamplingParams(max_tokens=max_new_tokens, temperature=temperature, top_p=top_p, stop=stop or None, logprobs=0,
                               include_stop_str_in_output=True, seed=seed + i if seeded and seed is not None else None)
+    # LMs of one model share its engine; each LoRA LM has its own adapter there, but full weights are one copy: an LM
+    # whose weights another LM's sync replaced loads its own again before it samples (never the other's, silently)
+    if self.lora is None and (owner := self._record.get("owner")) is not None and owner() is not self: self.sync_weights()
     reqs = [{"prompt_token_ids": list(p)} for p in prompts]
     def run(seeded): return self.engine.generate(reqs, [params(i, seeded) for i in range(len(prompts))], use_tqdm=False,
                                                  lora_request=self._lora_request)

