@@ -136,6 +136,7 @@ def main():
         generation(lm, a8, "llama8b_lora_generate_bf16"); grpo_updates(lm, a8, "llama8b_grpo_lora_r16_bf16")
     def unsloth_lora():
         lm = load_lm(args.model, backend="unsloth", lora={"r": 16})
+        generation(lm, args, "unsloth_generate_lora_r16")      # UnslothLM.generate: its for_inference fast path
         grpo_updates(lm, args, "unsloth_grpo_lora_r16")
     def vllm_generate():
         lm = load_lm(args.model, backend="vllm", options=VLLMOptions(gpu_memory_utilization=0.3))
