@@ -121,7 +121,7 @@ def _episodes(name: str, episodes, seeds: list) -> dict:
 
 # %% ../../nbs/90_experiment.ipynb #aba84240
 def summarize_reading(name: str, per_seed, episodes=None, success: bool = False, paired: dict | None = None,
-                      null: float = 0.0) -> dict:
+                      null: float | None = 0.0) -> dict:
     """A reading as plain JSON: per-seed values (and Wilson intervals when `success`), n seeds, episodes per reading,
     mean and 95% CI; with `paired` (another reading over the same seeds) the per-seed differences from it, their mean and CI."""
     items = _per_seed(name, per_seed)
@@ -150,13 +150,16 @@ def summarize_reading(name: str, per_seed, episodes=None, success: bool = False,
     return out
 
 # %% ../../nbs/90_experiment.ipynb #c4a4f01a
-VERDICTS = ("effect beyond its CI", "within noise", "zero by construction", "not runnable at this scale", "one seed: no CI")
+VERDICTS = ("effect beyond its CI", "within noise", "zero by construction", "not runnable at this scale", "one seed: no CI",
+            "descriptive")
 
 def verdict(r: dict, blocked: str | None = None) -> dict:
     "The verdict on reading `r` (see above): label, the effect with its CI, and why in one line."
     if blocked: return {"label": VERDICTS[3], "effect": None, "ci95": None, "why": blocked}
     if r.get("paired"):
         eff, what = [d["diff"] for d in r["paired"]["per_seed"]], f"{r['name']} − {r['paired_with']} (paired)"
+    elif r.get("null", 0.0) is None:
+        return {"label": VERDICTS[5], "effect": None, "ci95": None, "why": f"{r['name']} is a measured quantity, tested against no null"}
     else:
         eff, what = [x["value"] - r.get("null", 0.0) for x in r["per_seed"]], f"{r['name']} − {r.get('null', 0.0):g}"
     n = len(eff)
@@ -240,7 +243,7 @@ def recorded_readings(run_dir: Path | str) -> tuple[dict, list]:
 # %% ../../nbs/90_experiment.ipynb #6e393655
 @patch
 def reading(self: Run, name: str, per_seed, episodes=None, success: bool = False, paired_with: str | None = None,
-            null: float = 0.0, headline: bool = True) -> dict:
+            null: float | None = 0.0, headline: bool = True) -> dict:
     "Record a reading (see above); returns it with its verdict."
     recorded, checks = recorded_readings(self.dir)
     if paired_with is not None and paired_with not in recorded:

@@ -115,7 +115,7 @@ def _num(v) -> str:
     if isinstance(v, int) or float(v).is_integer(): return str(int(v))
     return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
 
-_VERDICT_CLASS = dict(zip(VERDICTS, ["v-beyond", "v-noise", "v-zero", "v-blocked", "v-single"]))
+_VERDICT_CLASS = dict(zip(VERDICTS, ["v-beyond", "v-noise", "v-zero", "v-blocked", "v-single", "v-none"]))
 
 def verdict_badge(label: str, why: str = "") -> str:
     "A verdict label as a coloured badge (its reason on hover and beside it)."
