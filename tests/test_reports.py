@@ -88,6 +88,10 @@ def test_superseded_runs_are_marked_and_reports_rerender_without_runs(env):
     assert "ran with actions cut at 16 tokens" in idx and "2 superseded runs" in idx
     r = cli("report", "--supersede", "tinyr/nosuch", "--reason", "x")
     assert r.returncode == 2 and "no report tinyr/nosuch" in r.stderr and "Traceback" not in r.stderr
+    r = cli("report", "--note", "tinyr/second", "--reason", "3 seeds: 5 would not fit the hour")   # a note joins the caveats
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "note: 3 seeds: 5 would not fit the hour" in (env / "reports" / "tinyr" / "second.html").read_text()
+    assert meta_of(env, "second")["notes"][0]["text"] == "3 seeds: 5 would not fit the hour"
 
 
 def claims():

@@ -23,7 +23,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("-j", "--jobs", type=int, default=1); s.add_argument("--name")
     rp = sub.add_parser("report", help="re-render every report from its JSON and rebuild reports/index.html (the claims page); nothing re-runs")
     rp.add_argument("--supersede", metavar="EXPERIMENT/RUN_ID", help="mark this run superseded (needs --reason)")
-    rp.add_argument("--reason", help="why the run is superseded (shown on its report and the index)")
+    rp.add_argument("--note", metavar="EXPERIMENT/RUN_ID", help="add a note to this run's caveats, e.g. why it has fewer seeds (needs --reason)")
+    rp.add_argument("--reason", help="why the run is superseded, or the note's text (shown on its report and the index)")
     rp.add_argument("--by", metavar="RUN_ID", help="the run that replaces it")
     e = sub.add_parser("env", help="environment tools"); es = e.add_subparsers(dest="env_cmd", required=True)
     c = es.add_parser("check", help="run one real episode per env along its gold/expert path")
@@ -45,13 +46,16 @@ def _grid(items: list[str]) -> dict[str, list[str]]:
 
 # %% ../../nbs/93_cli.ipynb #557032e2
 def _report(args) -> int:
-    from labmod.lab.report import mark_superseded, render_reports
+    from labmod.lab.report import mark_superseded, note_run, render_reports
     from labmod.lab.runner import ParameterError
     from labmod.lab.settings import writable_dir
     reports = writable_dir("reports_dir")
     if args.supersede:
         if not args.reason: raise ParameterError("--supersede needs --reason: say why the run is superseded")
         print(f"marked superseded: {mark_superseded(reports, args.supersede, args.reason, args.by)}")
+    if getattr(args, "note", None):
+        if not args.reason: raise ParameterError("--note needs --reason: the note's text")
+        print(f"noted: {note_run(reports, args.note, args.reason)}")
     print(f"index: {render_reports(reports)}"); return 0
 
 # %% ../../nbs/93_cli.ipynb #f54d53c4

@@ -15,7 +15,7 @@ __all__ = ['LONG_TABLE_ROWS', 'DESIGN_SEEDS', 'DESIGN_EPISODES', 'CLAIMS_FILE', 
            'params_drift', 'caveats', 'headline_readings', 'headline_final_keys', 'header_html', 'portable_meta',
            'render_run_report', 'rerender_run_report', 'final_metrics', 'aggregate_over_seeds', 'render_sweep_page',
            'superseded_runs', 'ClaimsError', 'claimed_experiments', 'load_claims', 'read_report_metas', 'scale_text',
-           'reading_cells', 'current_runs', 'claims_html', 'runs_html', 'build_index', 'mark_superseded',
+           'reading_cells', 'current_runs', 'claims_html', 'runs_html', 'build_index', 'mark_superseded', 'note_run',
            'render_reports']
 
 # %% ../../nbs/91_report.ipynb #b2113f2a
@@ -206,6 +206,7 @@ def caveats(meta: dict, defaults: dict | None = None) -> list[str]:
     if meta.get("status") == "failed": out.append("the notebook failed (error below): its numbers are partial")
     out += [f"check failed: {c['name']}: {c['detail']}" for c in meta.get("checks") or [] if not c.get("ok")]
     out += list(meta.get("problems") or [])
+    out += [f"note: {n['text']}" for n in meta.get("notes") or []]
     readings, seeds = meta.get("readings") or [], meta.get("seeds")
     if meta.get("kind", "run") == "run" and not readings:
         out.append("no per-seed data in this run: it recorded means only (final.json), so its numbers carry no CI and no verdict")
@@ -682,18 +683,27 @@ def build_index(reports_dir: Path | None = None, claims: Path | str | None = Non
     return atomic_write_text(reports_dir / "index.html", _page("labmod reports", body))
 
 # %% ../../nbs/91_report.ipynb #18ebd7ea
-def mark_superseded(reports_dir: Path | None, ref: str, reason: str, by: str | None = None) -> Path:
-    "Mark the run `ref` (EXPERIMENT/RUN_ID) superseded with `reason` (and the run that replaces it); re-renders it and the index."
+def _edit_report(reports_dir: Path | None, ref: str, edit) -> Path:
+    "Apply `edit(meta)` to the report `ref` (EXPERIMENT/RUN_ID), then re-render it and the index."
     reports_dir = Path(reports_dir or settings().reports_dir)
     exp, _, run_id = ref.partition("/")
     j = reports_dir / exp / f"{run_id}.json"
     meta, problem = read_json(j)
     if not isinstance(meta, dict): raise FileNotFoundError(problem or f"no report {ref} (looked for {j}); give EXPERIMENT/RUN_ID as the index lists it")
-    if not reason.strip(): raise ValueError("a superseded mark needs a reason (--reason)")
-    meta["superseded"] = {"by": by, "reason": reason.strip(), "explicit": True, "marked": time.time()}
+    edit(meta)
     rerender_run_report(j, meta)
     build_index(reports_dir)
     return j
+
+def mark_superseded(reports_dir: Path | None, ref: str, reason: str, by: str | None = None) -> Path:
+    "Mark the run `ref` (EXPERIMENT/RUN_ID) superseded with `reason` (and the run that replaces it); re-renders it and the index."
+    if not reason.strip(): raise ValueError("a superseded mark needs a reason (--reason)")
+    return _edit_report(reports_dir, ref, lambda m: m.update(superseded={"by": by, "reason": reason.strip(), "explicit": True, "marked": time.time()}))
+
+def note_run(reports_dir: Path | None, ref: str, text: str) -> Path:
+    "Add a note to the run `ref` (e.g. why it has fewer seeds than the design); shown among its caveats."
+    if not text.strip(): raise ValueError("a note needs its text (--reason)")
+    return _edit_report(reports_dir, ref, lambda m: m.setdefault("notes", []).append({"text": text.strip(), "marked": time.time()}))
 
 def render_reports(reports_dir: Path | None = None, claims: Path | str | None = None) -> Path:
     "What `labmod report` does: re-render every report's header from its JSON (nothing re-runs), then the index."
