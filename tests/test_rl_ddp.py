@@ -128,7 +128,7 @@ def test_ddp_run_with_a_rank_without_informative_groups(tmp_path):
     print(f"weights identical after {len(r0['sums'])} syncs; rank 1 trained on nothing in updates {empty}; held-out {r0['after']['success']:.3f}")
 
 
-def test_ddp_from_a_notebook(tmp_path):
+def test_ddp_from_a_notebook(tmp_path, monkeypatch):
     """The same two-rank run started the way a notebook user starts it: a Jupyter kernel runs a cell that defines the
     training function and calls `accelerate.notebook_launcher(main, num_processes=2)` (forked processes, gloo on CPU)."""
     import nbformat
@@ -140,14 +140,8 @@ def test_ddp_from_a_notebook(tmp_path):
         new_code_cell(f"def main():\n    import torch; torch.set_num_threads(1)\n    run_training({out!r})\n\n"
                       "notebook_launcher(main, num_processes=2, use_port='29615')")])
     Path(out).mkdir()
-    env = {"OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try: NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
-    finally:
-        for k, v in old.items():
-            if v is None: os.environ.pop(k, None)
-            else: os.environ[k] = v
+    monkeypatch.setenv("OMP_NUM_THREADS", "1"); monkeypatch.setenv("TQDM_DISABLE", "1")   # the kernel inherits them
+    NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
     said = "".join(o.get("text", "") for o in nb.cells[1].outputs)
     assert "Launching training on 2" in said, said   # accelerate 1.15 says "2 CUDAs" on a CPU box; the ranks run on gloo
     r0, r1 = (json.loads((tmp_path / "out" / f"run{i}.json").read_text()) for i in (0, 1))
