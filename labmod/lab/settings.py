@@ -16,7 +16,7 @@ __all__ = ['SETTINGS_KEYS', 'SECTION', 'ENV_PREFIX', 'ENV_RESERVED', 'SettingsEr
 SETTINGS_KEYS: dict[str, type] = {
     "runs_dir": Path, "reports_dir": Path, "cache_dir": Path, "models_dir": Path, "data_dir": Path,
     "default_backend": str, "default_model": str,
-    "openai_base_url": str, "openai_api_key_env": str,
+    "openai_base_url": str, "openai_api_key_env": str, "serve_base_url": str, "serve_weights_dir": str,
     "seeds": list, "chromium_path": str, "alfworld_data": str,
 }
 SECTION = "labmod"
