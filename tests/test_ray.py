@@ -1,9 +1,11 @@
 """Env workers on Ray: actors killed mid-rollout are replaced and their episodes retried (none lost, none twice, the same
-episodes as an undisturbed run), and a real experiment notebook runs end to end with `-p cluster ray` on a local cluster.
+episodes as an undisturbed run), a real experiment notebook runs end to end with `-p cluster ray` on a local cluster
+(its policy served by a vLLM server, `-p backend vllm-serve`), and State2State's exploration and replay verification
+fan out over actors with the same result as local envs.
 
 One local 2-CPU cluster serves the whole module (starting Ray costs 15-30 s here); the notebook joins it by address,
 as it would join a real cluster."""
-import json, os, signal, subprocess, sys
+import importlib.util, json, os, signal, subprocess, sys
 from pathlib import Path
 
 import pytest
@@ -78,12 +80,41 @@ def test_pool_factory_lends_each_worker_once(cluster):
 
 
 def test_grpo_baseline_on_ray(cluster, tmp_path):
+    "The real notebook with its envs on Ray actors and its policy generating from a vLLM server the trainer pushes its LoRA adapter to (where vLLM is installed)."
+    serve = importlib.util.find_spec("vllm") is not None
     nb = ROOT / "nbs" / "experiments" / "grpo_baseline.ipynb"
     env = {**os.environ, "LABMOD_RUNS_DIR": str(tmp_path / "runs"), "LABMOD_REPORTS_DIR": str(tmp_path / "reports"),
            "OMP_NUM_THREADS": "1", "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
     r = subprocess.run([sys.executable, "-m", "labmod.lab.cli", "run", str(nb), "-p", "quick", "true", "-p", "cluster", "ray",
-                        "--name", "quick-ray"], capture_output=True, text=True, env=env, timeout=600)
+                        *(["-p", "backend", "vllm-serve", "-p", "lora", "true"] if serve else []), "--name", "quick-ray"],
+                       capture_output=True, text=True, env=env, timeout=600)
     meta = json.loads((tmp_path / "reports" / nb.stem / "quick-ray.json").read_text())
     assert r.returncode == 0 and meta["status"] == "ok", meta.get("error") or r.stderr[-3000:]
-    assert meta["params"]["cluster"] == "ray", meta["params"]
+    assert meta["params"]["cluster"] == "ray" and meta["params"].get("backend") == ("vllm-serve" if serve else None), meta["params"]
     assert meta["final"], "the notebook recorded no headline results"
+
+
+def test_s2s_exploration_and_replay_verification_on_ray(cluster):
+    "State2State's random exploration and its 3x replay verification fan out over env actors: the same targets, verified the same way, as with local envs."
+    from labmod.s2s.explore import ExploreConfig, RandomExplorer, exploration_env_kwargs, exploration_envs, explore
+    from labmod.s2s.tasks import S2SBuildConfig, build_s2s_dataset
+    env, steps = "textworld_express", 12
+    tasks = list_tasks(env, "train", games=["coin"], n_per_game=4)
+    ecfg = ExploreConfig(steps_per_episode=steps, n_envs=2, seed=0, progress=False)
+    bcfg = S2SBuildConfig(n_targets=12, min_step=2, replays=3, val_size=2, n_envs=2)
+
+    def build(make):
+        trajs = explore(env, tasks, RandomExplorer(), ecfg, envs=make)
+        return trajs, build_s2s_dataset(env, trajs, bcfg, envs=make, progress=False)
+
+    local_trajs, local = build(exploration_envs(env, steps))
+    with RayEnvPool(env, 2, env_kwargs=exploration_env_kwargs(env, steps), cfg=RayPoolConfig(num_cpus=1)) as pool:
+        trajs, ds = build(pool.factory())
+        actors = {pool.worker_pid(i) for i in range(pool.n_workers)}
+    funnel = ds.stats["funnel"]
+    print(f"on {len(actors)} Ray actors: {len(trajs)} explorations, {funnel['replay_checked']} candidates replayed 3x, "
+          f"{funnel['kept']} kept ({funnel['replay_failed']} failed); local: {local.stats['funnel']['kept']} kept")
+    assert len(actors) == 2 and pool.n_workers == 2                      # both actors served, none added
+    assert [[t.action for t in tr.turns] for tr in trajs] == [[t.action for t in tr.turns] for tr in local_trajs]
+    assert funnel == local.stats["funnel"] and funnel["kept"] > 0 and funnel["replay_checked"] >= funnel["kept"]
+    assert [t.target for t in ds.tasks_train + ds.tasks_val] == [t.target for t in local.tasks_train + local.tasks_val]
