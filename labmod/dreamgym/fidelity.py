@@ -22,10 +22,10 @@ from .experience import (EMGeneration, EMTrainConfig, ExperienceModel, Synthetic
 from .train import AbstractStateEnv, DreamGymConfig, PolicySpec, _fresh_policy
 
 # %% auto #0
-__all__ = ['TRANSITION_JUDGE_PROMPT', 'TRANSITION_JUDGE_KEYS', 'state_similarity', 'token_f1', 'fidelity',
-           'multi_step_divergence', 'agreement_stats', 'replay_agreement', 'AgreementConfig', 'onpolicy_agreement',
-           'default_judge_lm', 'transition_judge', 'EMConfig', 'fit_experience_model', 'warm_policy_agreement',
-           'env_steps_per_s']
+__all__ = ['TRANSITION_JUDGE_PROMPT', 'TRANSITION_JUDGE_KEYS', 'state_similarity', 'token_f1', 'cohen_kappa',
+           'one_step_baselines', 'fidelity', 'multi_step_divergence', 'agreement_stats', 'replay_agreement',
+           'AgreementConfig', 'onpolicy_agreement', 'default_judge_lm', 'transition_judge', 'EMConfig',
+           'fit_experience_model', 'warm_policy_agreement', 'env_steps_per_s']
 
 # %% ../../nbs/55_dreamgym_fidelity.ipynb #a48401a7
 def state_similarity(a: str | None, b: str | None) -> float:
@@ -43,6 +43,30 @@ def token_f1(a: str | None, b: str | None) -> float:
     p, r = common / sum(x.values()), common / sum(y.values())
     return 2 * p * r / (p + r)
 
+# %% ../../nbs/55_dreamgym_fidelity.ipynb #c3a68bdc
+def cohen_kappa(pred: Sequence[bool], true: Sequence[bool]) -> float | None:
+    "Cohen's κ of two binary labelings of the same items: (observed - chance agreement) / (1 - chance); None when chance agreement is 1 (both constant and equal)."
+    n = len(pred)
+    if n == 0 or n != len(true): raise ValueError(f"cohen_kappa needs two labelings of the same items, got {n} and {len(true)}")
+    po = sum(bool(a) == bool(b) for a, b in zip(pred, true)) / n
+    p1, t1 = sum(map(bool, pred)) / n, sum(map(bool, true)) / n
+    pe = p1 * t1 + (1 - p1) * (1 - t1)
+    return None if pe >= 1 - 1e-12 else (po - pe) / (1 - pe)
+
+def one_step_baselines(transitions: Sequence[Transition], reward_tol: float = 0.1) -> dict:
+    "The copy-state baseline (next state = current state) and the majority reward / done flag of `transitions`, on the measures of `fidelity`."
+    ts = list(transitions)
+    if not ts: raise ValueError("one_step_baselines needs at least one transition")
+    reward = Counter(round(float(t.reward), 6) for t in ts).most_common(1)[0][0]
+    done = Counter(bool(t.done) for t in ts).most_common(1)[0][0]
+    m = lambda xs: float(np.mean(list(xs)))
+    return {"copy_state_match": m(normalize_text(t.state) == normalize_text(t.next_state) for t in ts),
+            "copy_state_similarity": m(state_similarity(t.state, t.next_state) for t in ts),
+            "copy_state_f1": m(token_f1(t.state, t.next_state) for t in ts),
+            "majority_reward": reward, "majority_reward_accuracy": m(abs(reward - t.reward) <= reward_tol for t in ts),
+            "majority_reward_mae": m(abs(reward - t.reward) for t in ts),
+            "majority_done": done, "majority_done_accuracy": m(bool(t.done) == done for t in ts)}
+
 # %% ../../nbs/55_dreamgym_fidelity.ipynb #ee0f7568
 def fidelity(em: ExperienceModel, transitions: Sequence[Transition], batch_size: int = 16, reward_tol: float = 0.1,
              exclude_own_task: bool = True, progress: bool = False) -> dict:
@@ -56,12 +80,20 @@ def fidelity(em: ExperienceModel, transitions: Sequence[Transition], batch_size:
                          "similarity": state_similarity(o.next_state, t.next_state) if o.ok else 0.0,
                          "f1": token_f1(o.next_state, t.next_state) if o.ok else 0.0,
                          "reward_err": abs(o.reward - t.reward) if o.ok else 1.0,
-                         "done_ok": bool(o.ok and o.done == t.done), "pred": o.next_state, "true": t.next_state, "error": o.error})
+                         "done_ok": bool(o.ok and o.done == t.done), "pred": o.next_state, "true": t.next_state, "error": o.error,
+                         "pred_reward": o.reward if o.ok else None, "real_reward": t.reward})
     if not rows: raise ValueError("fidelity needs at least one transition")
     m = lambda k: float(np.mean([r[k] for r in rows]))
+    # rewarded steps: a real reward above reward_tol; a malformed answer predicted no reward
+    pred = [r["pred_reward"] is not None and r["pred_reward"] > reward_tol for r in rows]
+    true = [r["real_reward"] > reward_tol for r in rows]
+    hits = sum(p and t for p, t in zip(pred, true))
     return {"n": len(rows), "em_ok": m("ok"), "next_state_match": m("match"), "next_state_similarity": m("similarity"),
             "next_state_f1": m("f1"), "reward_accuracy": float(np.mean([r["reward_err"] <= reward_tol for r in rows])),
-            "reward_mae": m("reward_err"), "done_accuracy": m("done_ok"), "per_transition": rows}
+            "reward_mae": m("reward_err"), "done_accuracy": m("done_ok"), "rewarded_share": float(np.mean(true)),
+            "reward_kappa": cohen_kappa(pred, true), "reward_precision": hits / sum(pred) if any(pred) else None,
+            "reward_recall": hits / sum(true) if any(true) else None,
+            **one_step_baselines(ts, reward_tol), "per_transition": rows}
 
 # %% ../../nbs/55_dreamgym_fidelity.ipynb #b409528c
 def _play(policy: Policy, env_factory: Callable[[], Env], tasks: Sequence[Task], max_turns: int, n_envs: int = 1) -> list[Trajectory | None]:
@@ -248,7 +280,7 @@ def fit_experience_model(offline: Sequence[Transition], held: Sequence[Transitio
     fid = fidelity(em, held)
     last = lambda key: tr[key][-1] if tr.get(key) and tr[key][-1] is not None else float("nan")
     return em, {"n_offline": len(offline), "train_s": train_s, "loss_outcome": last("loss_outcome"), "eval_loss_outcome": last("eval_loss_outcome"),
-                "loss_reasoning": last("loss_reasoning"), **{m: v for m, v in fid.items() if isinstance(v, (int, float))}}
+                "loss_reasoning": last("loss_reasoning"), **{m: v for m, v in fid.items() if v is None or isinstance(v, (int, float))}}   # None: undefined here (e.g. no rewarded step)
 
 # %% ../../nbs/55_dreamgym_fidelity.ipynb #42675475
 def warm_policy_agreement(em: ExperienceModel, tasks: RunTasks, cfg: DreamGymConfig, policy: PolicySpec | None = None,
