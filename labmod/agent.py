@@ -197,7 +197,9 @@ class Policy:
     "What acts in an episode: `decide(states)` -> one `Decision` per state, in order."
     name: str = "policy"
     needs_expert: bool = False   # the engine fills `AgentState.expert_action` from the env when True
-    def decide(self, states: list[AgentState], seed: int | None = None) -> list[Decision]: raise NotImplementedError
+    def decide(self, states: list[AgentState], seed: int | list[int] | None = None) -> list[Decision]:
+        "One decision per state; `seed` is one sampling seed per state (the rollout engine's), a base int, or None."
+        raise NotImplementedError
 
 # %% ../nbs/21_agent.ipynb #3de4096c
 @dataclass

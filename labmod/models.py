@@ -14,9 +14,10 @@ from .lab.settings import settings
 # %% auto #0
 __all__ = ['END_TOKEN', 'PAD_TOKEN', 'ROLE_TOKENS', 'PLAIN_CHAT_TEMPLATE', 'TINY_CONFIG', 'TINY_FORMAT_VERSION', 'LORA_DEFAULT',
            'SMOLLM2_GGUF', 'UNSLOTH_TARGETS', 'BACKENDS', 'Generation', 'BackendUnavailable', 'render_plain', 'LM',
-           'build_tiny_model', 'tiny_corpus', 'sample_tokens', 'avoid_cudnn_attention', 'lora_settings', 'autocast_for',
-           'HFLM', 'smollm2_path', 'UnslothOptions', 'UnslothLM', 'VLLMOptions', 'vllm_engine', 'VLLMLM', 'OpenAILM',
-           'ServeOptions', 'VLLMServer', 'vllm_server', 'ServedLM', 'resolve_model_path', 'load_lm', 'tiny_causal_lm']
+           'build_tiny_model', 'tiny_corpus', 'prompt_seeds', 'sample_tokens', 'avoid_cudnn_attention', 'lora_settings',
+           'autocast_for', 'HFLM', 'smollm2_path', 'UnslothOptions', 'UnslothLM', 'VLLMOptions', 'vllm_engine',
+           'VLLMLM', 'OpenAILM', 'ServeOptions', 'VLLMServer', 'vllm_server', 'ServedLM', 'resolve_model_path',
+           'load_lm', 'tiny_causal_lm']
 
 # %% ../nbs/20_models.ipynb #ad7f06e9
 @dataclass
@@ -200,9 +201,17 @@ def _hit_stop(tokenizer, ids: list[int], stop: list[str]) -> bool:
     tail = tokenizer.decode(ids[-(max(map(len, stop)) + 8):], skip_special_tokens=True)
     return any(s in tail for s in stop)
 
+def prompt_seeds(seed, n: int) -> list[int | None]:
+    "Each of `n` prompts' sampling seed: `seed + i` for an int, the given per-prompt seeds for a list, None (unseeded) for None."
+    if seed is None: return [None] * n
+    if isinstance(seed, int): return [seed + i for i in range(n)]
+    seeds = [int(s) for s in seed]
+    if len(seeds) != n: raise ValueError(f"{len(seeds)} seeds given for {n} prompts: one per prompt, or one int as their base")
+    return seeds
+
 def sample_tokens(model, tokenizer, prompts: list[list[int]], max_new_tokens: int = 128, temperature: float = 1.0,
-                  top_p: float = 1.0, stop: list[str] | None = None, seed: int | None = None) -> list[Generation]:
-    "Batched sampling from a causal LM (left padding, KV cache) returning token ids and sampling log-probs."
+                  top_p: float = 1.0, stop: list[str] | None = None, seed: int | list[int] | None = None) -> list[Generation]:
+    "Batched sampling from a causal LM (left padding, KV cache) returning token ids and sampling log-probs; each prompt draws from its own seeded generator (`prompt_seeds`)."
     import torch
     if not prompts: return []
     if any(len(p) == 0 for p in prompts): raise ValueError("generate() got an empty prompt; every prompt needs at least one token")
@@ -217,7 +226,8 @@ def sample_tokens(model, tokenizer, prompts: list[list[int]], max_new_tokens: in
         ids[i, L - len(p):] = torch.tensor(p, dtype=torch.long); mask[i, L - len(p):] = 1
     ids, mask = ids.to(device), mask.to(device)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    gen = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
+    # one generator per prompt: what a prompt samples does not depend on which other prompts share its batch
+    gens = [torch.Generator(device=device).manual_seed(s) for s in prompt_seeds(seed, B)] if seed is not None else None
     out_ids = [[] for _ in range(B)]; out_lps = [[] for _ in range(B)]; reasons = ["length"] * B
     done = [False] * B
     was_training = model.training
@@ -237,7 +247,8 @@ def sample_tokens(model, tokenizer, prompts: list[list[int]], max_new_tokens: in
                         drop = sp.cumsum(-1) - sp > top_p  # keep the smallest prefix whose mass reaches top_p
                         sp = sp.masked_fill(drop, 0.0)
                         probs = torch.zeros_like(probs).scatter(-1, si, sp)
-                    tok = torch.multinomial(probs, 1, generator=gen)
+                    tok = (torch.cat([torch.multinomial(probs[i:i + 1], 1, generator=g) for i, g in enumerate(gens)])
+                           if gens else torch.multinomial(probs, 1))
                 else:
                     lp = torch.log_softmax(logits, dim=-1)
                     tok = logits.argmax(-1, keepdim=True)
@@ -502,7 +513,8 @@ def _vllm_generate(self, prompts, max_new_tokens=128, temperature=1.0, top_p=1.0
     from vllm import SamplingParams
     def params(i, seeded):
         return SamplingParams(max_tokens=max_new_tokens, temperature=temperature, top_p=top_p, stop=stop or None, logprobs=0,
-                              include_stop_str_in_output=True, seed=seed + i if seeded and seed is not None else None)
+                              include_stop_str_in_output=True, seed=seeds[i] if seeded else None)
+    seeds = prompt_seeds(seed, len(prompts))
     # LMs of one model share its engine; each LoRA LM has its own adapter there, but full weights are one copy: an LM
     # whose weights another LM's sync replaced loads its own again before it samples (never the other's, silently)
     if self.lora is None and (owner := self._record.get("owner")) is not None and owner() is not self: self.sync_weights()
@@ -598,15 +610,16 @@ class OpenAILM(LM):
         reason = "length" if choice.get("finish_reason") == "length" else "stop"
         return Generation(text or "", ids, lps, prompt_ids, reason)
 
-    def _gen_kw(self, max_new_tokens, temperature, top_p, stop, seed, i):
+    def _gen_kw(self, max_new_tokens, temperature, top_p, stop, seed):
         kw = {"model": self.name, "max_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p}
         if stop: kw["stop"] = stop
-        if seed is not None: kw["seed"] = seed + i
+        if seed is not None: kw["seed"] = seed
         return kw
 
     def chat(self, messages_batch, max_new_tokens=128, temperature=1.0, top_p=1.0, stop=None, seed=None):
+        seeds = prompt_seeds(seed, len(messages_batch))
         def one(i, msgs):
-            body = {**self._gen_kw(max_new_tokens, temperature, top_p, stop, seed, i), "messages": msgs}
+            body = {**self._gen_kw(max_new_tokens, temperature, top_p, stop, seeds[i]), "messages": msgs}
             if self.want_logprobs: body["logprobs"] = True
             ch = self._post("chat/completions", body)["choices"][0]
             return self._to_generation(ch, (ch.get("message") or {}).get("content"), [])
@@ -616,8 +629,9 @@ class OpenAILM(LM):
     def generate(self, prompts, max_new_tokens=128, temperature=1.0, top_p=1.0, stop=None, seed=None):
         if any(not isinstance(p, str) for p in prompts):
             raise BackendUnavailable("the openai backend has no local tokenizer: pass chat messages to chat(), or plain-string prompts to generate()")
+        seeds = prompt_seeds(seed, len(prompts))
         def one(i, prompt):
-            body = {**self._gen_kw(max_new_tokens, temperature, top_p, stop, seed, i), "prompt": prompt}
+            body = {**self._gen_kw(max_new_tokens, temperature, top_p, stop, seeds[i]), "prompt": prompt}
             if self.want_logprobs: body["logprobs"] = 1
             ch = self._post("completions", body)["choices"][0]
             lp = ch.get("logprobs") or {}
@@ -818,7 +832,7 @@ class ServedLM(LM):
             body = {"model": self.model_name, "prompt": list(p), "max_tokens": max_new_tokens, "temperature": temperature,
                     "top_p": top_p, "logprobs": 0, "return_token_ids": True, "include_stop_str_in_output": True}
             if stop: body["stop"] = list(stop)
-            if seed is not None: body["seed"] = seed + i
+            if seeds[i] is not None: body["seed"] = seeds[i]
             ch = json.loads(self._call("POST", "/v1/completions", body)[1])["choices"][0]
             ids = [int(t) for t in ch.get("token_ids") or []]
             lps = [float(x) for x in ((ch.get("logprobs") or {}).get("token_logprobs") or [])]
@@ -827,6 +841,7 @@ class ServedLM(LM):
             return Generation(self.tokenizer.decode(ids, skip_special_tokens=True), ids, lps, list(p),
                               "length" if ch.get("finish_reason") == "length" else "stop")
         if not prompts: return []
+        seeds = prompt_seeds(seed, len(prompts))
         with ThreadPoolExecutor(min(self.options.max_workers, len(prompts))) as ex:
             return list(ex.map(one, range(len(prompts)), prompts))
 

@@ -4,7 +4,7 @@
 
 # %% ../nbs/22_rollout.ipynb #c262bc9c
 from __future__ import annotations
-import time, warnings
+import time, warnings, zlib
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor, wait, FIRST_COMPLETED, ALL_COMPLETED
 from dataclasses import dataclass, field, asdict
@@ -14,7 +14,7 @@ from .envs.core import Env
 from .agent import AgentState, Decision, Policy
 
 # %% auto #0
-__all__ = ['EnvSlot', 'RolloutConfig', 'RolloutStats', 'apply_verdict', 'RolloutEngine']
+__all__ = ['EnvSlot', 'RolloutConfig', 'RolloutStats', 'apply_verdict', 'state_seed', 'RolloutEngine']
 
 # %% ../nbs/22_rollout.ipynb #ae93b7ab
 class EnvSlot:
@@ -96,6 +96,10 @@ def apply_verdict(traj: Trajectory, verdict: dict | None) -> None:
     last.info["verdict"] = verdict
 
 # %% ../nbs/22_rollout.ipynb #5a4c98a3
+def state_seed(*parts) -> int:
+    "A 31-bit sampling seed that depends only on `parts` (stable across processes, unlike `hash`)."
+    return zlib.crc32("|".join(map(str, parts)).encode()) & 0x7FFFFFFF
+
 @dataclass
 class _Episode:
     task: Task
@@ -125,7 +129,7 @@ class RolloutEngine:
         self.policy, self.cfg = policy, cfg or RolloutConfig()
         self.slots = [EnvSlot(env_factory, f"env{i}") for i in range(self.cfg.n_envs)]
         self.stats = RolloutStats(n_envs=self.cfg.n_envs)
-        self._calls = 0
+        self._runs = 0            # run() calls so far: part of every sampling seed, so a task played again samples anew
 
     def close(self):
         for s in self.slots: s.close()
@@ -154,10 +158,11 @@ class RolloutEngine:
 
     def _decide(self, eps: list[_Episode]) -> list[Decision]:
         "One policy call for a batch of waiting episodes."
-        seed = None if self.cfg.seed is None else self.cfg.seed * 1_000_003 + self._calls
-        self._calls += 1
+        # one seed per state, from (seed, run, episode, turn): what an episode samples does not depend on which
+        # episodes happened to be waiting with it, so a run repeats exactly whatever the envs' timing
+        seeds = None if self.cfg.seed is None else [state_seed(self.cfg.seed, self._runs, e.group, e.member, len(e.turns)) for e in eps]
         t0 = time.perf_counter()
-        decisions = self.policy.decide([self._state(e) for e in eps], seed=seed)
+        decisions = self.policy.decide([self._state(e) for e in eps], seed=seeds)
         dt = time.perf_counter() - t0
         if len(decisions) != len(eps): raise RuntimeError(f"{type(self.policy).__name__}.decide returned {len(decisions)} decisions for {len(eps)} states")
         self.stats.policy_busy_s += dt; self.stats.policy_calls += 1; self.stats.policy_states += len(eps)
@@ -246,6 +251,7 @@ def _run(self, tasks: list[Task], group_size: int = 1, scorer: Callable | None =
     cfg = self.cfg
     bar = tqdm(total=len(tasks) * group_size, desc=f"rollout ({cfg.mode})", disable=not progress, leave=False)
     r, t0 = _Run(self, tasks, group_size, scorer, bar), time.perf_counter()
+    self._runs += 1
     self.stats = r.stats          # the policy's counters (_decide) land in this run's stats
     while r.pending or r.futs or r.ready:
         while r.pending and r.free: r.start(r.pending.popleft())

@@ -4,7 +4,7 @@
 
 # %% ../../nbs/53_dreamgym_experience.ipynb #2f60c3a0
 from __future__ import annotations
-import random, re, threading, time
+import json, random, re, threading, time
 from dataclasses import dataclass
 from typing import Sequence
 import torch
@@ -14,6 +14,7 @@ from ..envs.core import Env, normalize_text
 from .replay import ReplayBuffer, Transition
 from .data import EMOutput, EMPrompt, EMQuery, EM_STOP, abstract_state, em_prompts, em_sft_examples, instruction_of, parse_em_output
 from ..rl.samples import Sample
+from ..rollout import state_seed
 from ..rl.losses import collate, first_loss_position, token_logprobs
 
 # %% auto #0
@@ -62,13 +63,15 @@ class ExperienceModel:
         return em_prompts(queries, self.buffer, self.prompt)
 
 # %% ../../nbs/53_dreamgym_experience.ipynb #3a159621
-def _em_chat(self, messages: list[list[dict]], temperature: float, stop: list[str]) -> list[str]:
+def _em_chat(self, messages: list[list[dict]], temperature: float, stop: list[str], attempt: int = 0) -> list[str]:
     "Answers through `lm.chat` (any backend); a failure is counted in `stats['errors']` and raised as `ExperienceModelError`."
     self._calls += 1
     t0 = time.perf_counter()
+    # each query's seed follows from its own prompt and the attempt: an answer does not depend on which concurrent
+    # steps the batcher merged it with, and a retry samples anew
+    seeds = [state_seed(self.gen.seed, attempt, json.dumps(m, sort_keys=True)) for m in messages]
     try:
-        gens = self.lm.chat(messages, max_new_tokens=self.gen.max_new_tokens, temperature=temperature, stop=stop,
-                            seed=self.gen.seed * 1_000_003 + self._calls)
+        gens = self.lm.chat(messages, max_new_tokens=self.gen.max_new_tokens, temperature=temperature, stop=stop, seed=seeds)
     except Exception as e:
         self.stats["errors"] += len(messages); self.last_error = f"{type(e).__name__}: {e}"
         raise ExperienceModelError(f"the experience model's backend ({getattr(self.lm, 'backend', '?')}, "
@@ -102,7 +105,7 @@ def _predict_many(self, queries: Sequence[EMQuery]) -> list[EMOutput]:
     for attempt in range(self.gen.retries + 1):
         if attempt: self.stats["retried"] += len(todo)
         temp = self.gen.temperature if attempt == 0 else max(self.gen.temperature, self.gen.retry_temperature)
-        texts = self.chat([msgs[i] for i in todo], temp, EM_STOP)
+        texts = self.chat([msgs[i] for i in todo], temp, EM_STOP, attempt)
         for i, text in zip(todo, texts): out[i] = parse_em_output(text)
         todo = [i for i in todo if not out[i].ok]
         if not todo: break

@@ -11,6 +11,7 @@ from ..core import Task, Trajectory
 from ..envs.core import Env, SharedEnvs, env_factory
 from ..agent import AgentState, Decision, Policy, PromptFormat, ScriptedPolicy
 from ..rollout import RolloutEngine, RolloutConfig
+from ..models import prompt_seeds
 
 # %% auto #0
 __all__ = ['MULTIWORD_VERBS', 'VERB_GROUPS', 'DEFAULT_VERB_WEIGHTS', 'EXPLORE_WORDS', 'EXPLORATION_INSTRUCTION',
@@ -155,8 +156,9 @@ class LLMExplorer(Policy):
         "One batched `lm.chat` over the states that have something to do; the others stop."
         acts = [candidate_actions(s) for s in states]
         ask = [i for i, a in enumerate(acts) if a]
+        seeds = prompt_seeds(seed, len(states))
         gens = self.lm.chat([self.format.messages(states[i], self.history_k) for i in ask], max_new_tokens=self.max_new_tokens,
-                            temperature=self.temperature, stop=["</action>"], seed=seed) if ask else []
+                            temperature=self.temperature, stop=["</action>"], seed=None if seed is None else [seeds[i] for i in ask]) if ask else []
         out = [Decision(stop=True) for _ in states]
         for i, g in zip(ask, gens):
             s, p = states[i], self.format.parse(g.text, acts[i])
