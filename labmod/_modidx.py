@@ -1054,6 +1054,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                'labmod.models.VLLMServer.wait_ready': ('models.html#vllmserver.wait_ready', 'labmod/models.py'),
                                'labmod.models._apply_lora': ('models.html#_apply_lora', 'labmod/models.py'),
                                'labmod.models._cache_of': ('models.html#_cache_of', 'labmod/models.py'),
+                               'labmod.models._corpus_key': ('models.html#_corpus_key', 'labmod/models.py'),
                                'labmod.models._corpus_policy': ('models.html#_corpus_policy', 'labmod/models.py'),
                                'labmod.models._default_device': ('models.html#_default_device', 'labmod/models.py'),
                                'labmod.models._eos_ids': ('models.html#_eos_ids', 'labmod/models.py'),

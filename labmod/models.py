@@ -156,12 +156,22 @@ def _episode_docs(traj) -> list[str]:
     for t in traj.turns: docs += t.info.get("docs", []) + [t.obs.text]
     return docs
 
+def _corpus_key(games, n_per_game: int, random_steps: int, seed: int) -> str:
+    """What the cached corpus was made from: its parameters, the recipe version and how TASK_FORMAT renders a probe
+    state. A cache made before a format change is not reused (a stale corpus silently gave another tiny model)."""
+    import dataclasses
+    from labmod.agent import AgentState, TASK_FORMAT
+    probe = AgentState(observation="You see a coin.", valid_actions=["take coin", "look around"], instruction="Take the coin.")
+    texts = [render_plain(TASK_FORMAT.messages(s)) for s in (probe, dataclasses.replace(probe, instruction=None, target=probe.observation))]
+    key = {"games": games, "n_per_game": n_per_game, "random_steps": random_steps, "seed": seed, "v": TINY_FORMAT_VERSION, "format": texts}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+
 def tiny_corpus(refresh: bool = False, games: list[str] | None = None, n_per_game: int = 3, random_steps: int = 2,
                 seed: int = 0) -> list[str]:
     "Training text for the tiny model's tokenizer: rendered task-format prompts and observations of real TextWorld-Express episodes (cached)."
     from labmod.envs.core import make_env, list_tasks
     from labmod.rollout import RolloutEngine, RolloutConfig
-    path = settings().data_dir / "tiny_corpus.jsonl"
+    path = settings().data_dir / f"tiny_corpus-{_corpus_key(games, n_per_game, random_steps, seed)}.jsonl"
     if path.is_file() and not refresh:
         return [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
     tasks = list_tasks("textworld_express", "train", games=games, n_per_game=n_per_game)
