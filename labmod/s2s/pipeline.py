@@ -64,10 +64,11 @@ class HeldOutConfig:
     samples: int = 1              # episodes per held-out task
     n_envs: int = 4
     base: bool = True             # test before the first stage (off when another run already tested the same weights)
+    seed: int | None = 0          # the tests' sampling seed: every test samples alike, so equal weights read equal (None: unseeded)
 
 def evaluate_on(agent: Agent, make: Callable[[], Env], tasks: list[Task], cfg: HeldOutConfig) -> dict:
     "Held-out success, return and invalid-format rate of `agent` on `tasks` (`labmod.rl.run.evaluate`)."
-    with RolloutEngine(agent, make, RolloutConfig(max_turns=cfg.max_turns, n_envs=cfg.n_envs)) as eng:
+    with RolloutEngine(agent, make, RolloutConfig(max_turns=cfg.max_turns, n_envs=cfg.n_envs, seed=cfg.seed)) as eng:
         return evaluate(eng, tasks, cfg.temperature, cfg.samples)
 
 # %% ../../nbs/43_s2s_pipeline.ipynb #3d221f67
