@@ -219,10 +219,14 @@ class Agent(Policy):
 
     def messages(self, s: AgentState) -> list[dict]: return self.format.messages(s, self.history_k)
 
+    def prompt_ids(self, s: AgentState) -> list[int]:
+        "The prompt at `s` in token ids (subclasses that build prompts from earlier ids override this)."
+        return self.lm.encode_prompt(self.messages(s))
+
     def decide(self, states: list[AgentState], seed: int | None = None) -> list[Decision]:
         "One batched generation: a `Decision` per state, with the prompt, token ids and sampling log-probs."
         msgs = [self.messages(s) for s in states]
-        gens = self.lm.generate([self.lm.encode_prompt(m) for m in msgs], max_new_tokens=self.max_new_tokens,
+        gens = self.lm.generate([self.prompt_ids(s) for s in states], max_new_tokens=self.max_new_tokens,
                                 temperature=self.temperature, top_p=self.top_p, stop=self.stop, seed=seed)
         out = []
         for s, m, g in zip(states, msgs, gens):

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Callable
 from ..core import Task, Trajectory
 from ..envs.core import Env
-from ..agent import Agent, AgentState, Decision
+from ..agent import Agent, AgentState
 from ..models import render_plain
 from ..rollout import RolloutEngine, RolloutConfig
 
@@ -61,19 +61,6 @@ class ConversationAgent(Agent):
         last, tok = s.turns[-1], self.lm.tokenizer
         ended = last.completion_ids[-1:] == [tok.eos_token_id]
         return [*last.prompt_ids, *last.completion_ids, *chat_turn_ids(tok, self.followup(s), ended)]
-
-    def decide(self, states: list[AgentState], seed: int | None = None) -> list[Decision]:
-        "One batched generation from the conversation prompts (see `Agent.decide`)."
-        msgs = [self.messages(s) for s in states]
-        gens = self.lm.generate([self.prompt_ids(s) for s in states], max_new_tokens=self.max_new_tokens,
-                                temperature=self.temperature, top_p=self.top_p, stop=self.stop, seed=seed)
-        out = []
-        for s, m, g in zip(states, msgs, gens):
-            p = self.format.parse(g.text, s.valid_actions or None)
-            out.append(Decision(g.text, p.action, m, list(g.prompt_ids), list(g.token_ids), list(g.logprobs),
-                                0.0 if p.valid_format else -self.format_penalty,
-                                {"valid_format": p.valid_format, "format_error": p.error, "in_valid_actions": p.in_valid_actions}))
-        return out
 
 # %% ../../nbs/35_rl_trl.ipynb #1a0d9f41
 def trl_sequence(traj: Trajectory, tokenizer) -> dict:
