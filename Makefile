@@ -6,8 +6,18 @@ PIP   := $(VENV)/bin/pip
 STAMP := $(VENV)/.labmod-installed
 SYS   := $(VENV)/.labmod-system
 # Debian packages the lab needs: Chromium for browser envs; complete HTML websites (Python, PostgreSQL,
-# git and SQLite manuals) served locally for WebGym. Java 11+ (ScienceWorld, TextWorld-Express) is checked below.
+# git and SQLite manuals) served locally for WebGym, and 38 smaller documentation sites, WebGym's breadth set
+# (labmod.webgym.websites.BREADTH_SITES; tests/test_webgym.py checks this list names each site's package), installed
+# without their recommends (apache2-doc and nodejs-doc would pull in the server and the runtime).
+# Java 11+ (ScienceWorld, TextWorld-Express) is checked below.
 APT_PACKAGES := chromium python3.11-doc postgresql-doc-15 git-doc sqlite3-doc
+WEB_SITES    := python-django-doc python-flask-doc python-werkzeug-doc python-jinja2-doc python-bottle-doc \
+                python-cherrypy3-doc python-webob-doc python-wtforms-doc python-requests-doc python-sqlalchemy-doc \
+                python-psycopg2-doc python-pymongo-doc python-peewee-doc python-pytest-doc python-setuptools-doc \
+                sphinx-doc docutils-doc python-pygments-doc python-markdown-doc cmake-doc python-click-doc \
+                python-attr-doc python-babel-doc python-future-doc python-toolz-doc nodejs-doc octave-doc \
+                python-xarray-doc python-h5py-doc python-pint-doc python-mpmath-doc python-pil-doc python-lxml-doc \
+                apache2-doc python-celery-doc python-kombu-doc python-gevent-doc python-ldap-doc
 DEMO  ?= nbs/experiments/s2s_pipeline.ipynb
 
 .PHONY: setup system demo test lab export clean-venv
@@ -16,14 +26,20 @@ setup: $(SYS) $(STAMP)
 
 # System packages: check first, install only what is missing (needs root, as on the lab machines).
 $(SYS):
-	@missing=""; \
+	@missing=""; docs=""; \
 	for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	for p in $(WEB_SITES); do dpkg -s $$p >/dev/null 2>&1 || docs="$$docs $$p"; done; \
 	jv=$$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1); \
 	if [ -z "$$jv" ] || [ "$$jv" -lt 11 ]; then missing="$$missing default-jre-headless"; fi; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
+	fi; \
+	if [ -n "$$docs" ]; then \
+	  echo "installing WebGym's documentation sites:$$docs"; \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$docs; \
 	fi
 	@mkdir -p $(VENV) && touch $@
 

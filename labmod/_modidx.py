@@ -1542,6 +1542,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                   'labmod/webgym/rubric.py'),
                                       'labmod.webgym.rubric._fact': ('webgym_rubric.html#_fact', 'labmod/webgym/rubric.py'),
                                       'labmod.webgym.rubric._group': ('webgym_rubric.html#_group', 'labmod/webgym/rubric.py'),
+                                      'labmod.webgym.rubric._hidden': ('webgym_rubric.html#_hidden', 'labmod/webgym/rubric.py'),
                                       'labmod.webgym.rubric._in_nav': ('webgym_rubric.html#_in_nav', 'labmod/webgym/rubric.py'),
                                       'labmod.webgym.rubric._json_candidates': ( 'webgym_rubric.html#_json_candidates',
                                                                                  'labmod/webgym/rubric.py'),

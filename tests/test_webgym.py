@@ -205,3 +205,23 @@ def test_webgym_task_file_loader(tmp_path):
 def test_missing_site_names_its_package(monkeypatch):
     monkeypatch.setitem(SITES, "ghost", SiteSpec("ghost", "ghost-doc", "/nonexistent/ghost", "index.html", "Ghost"))
     with pytest.raises(MissingDependency, match="apt-get install -y ghost-doc"): site_spec("ghost")
+
+
+def test_breadth_sites_come_from_the_makefile_and_are_served():
+    """WebGym's breadth set: the Makefile installs every breadth site's Debian package, and at least 30 of them are
+    served here, each start page answering with its own HTML (issue: breadth at scale)."""
+    from pathlib import Path
+    from labmod.webgym.websites import BREADTH_SITES, stop_sites
+    mk = (Path(__file__).resolve().parents[1] / "Makefile").read_text().replace("\\\n", " ")
+    listed = {p for line in mk.splitlines() if line.startswith(("APT_PACKAGES", "WEB_SITES")) for p in line.split(":=", 1)[1].split()}
+    assert {SITES[n].package for n in BREADTH_SITES} <= listed, sorted({SITES[n].package for n in BREADTH_SITES} - listed)
+    here = installed_sites(BREADTH_SITES)
+    assert len(BREADTH_SITES) >= 30 and len(here) >= 30, f"{len(here)} of {len(BREADTH_SITES)} breadth sites installed: run make setup"
+    extra = [n for n in here if n not in NAMES]
+    try:
+        urls = serve_sites(here)
+        assert len(set(urls.values())) == len(here)          # each site is its own host
+        for n in here:
+            html = urllib.request.urlopen(page_url(urls, n, SITES[n].start_page), timeout=10).read().decode("utf-8", "replace")
+            assert "<title>" in html.lower() or "<title " in html.lower(), n
+    finally: stop_sites(extra)

@@ -13,9 +13,9 @@ from ..envs.core import MissingDependency, normalize_text
 from ..envs.browser import StaticSite
 
 # %% auto #0
-__all__ = ['SITES', 'DEFAULT_SITES', 'VOID_TAGS', 'MAX_PAGE_BYTES', 'SiteSpec', 'site_spec', 'installed_sites', 'site_host',
-           'page_url', 'url_path', 'serve_sites', 'stop_sites', 'HtmlNode', 'parse_html', 'Page', 'read_page',
-           'unique_links', 'reachable_pages', 'link_path', 'webgym_groups', 'load_webgym_tasks']
+__all__ = ['SITES', 'DEFAULT_SITES', 'BREADTH_SITES', 'VOID_TAGS', 'MAX_PAGE_BYTES', 'SiteSpec', 'site_spec', 'installed_sites',
+           'site_host', 'page_url', 'url_path', 'serve_sites', 'stop_sites', 'HtmlNode', 'parse_html', 'Page',
+           'read_page', 'unique_links', 'reachable_pages', 'link_path', 'webgym_groups', 'load_webgym_tasks']
 
 # %% ../../nbs/60_webgym_websites.ipynb #91e39a87
 @dataclass(frozen=True)
@@ -26,21 +26,62 @@ class SiteSpec:
     html_root: str
     start_page: str
     title: str
-    domain: str = "Science & Research"
-    subdomain: str = "Technology & Science"
+    domain: str = "Science & Research"      # WebGym's domain of the site (all documentation sites here)
+    subdomain: str = "Technology & Science" # its subdomain: what the site is about (databases, web frameworks, ...)
 
     @property
     def root(self) -> Path: return Path(self.html_root)
     def installed(self) -> bool: return (self.root / self.start_page).is_file()
 
+_DB, _WEB, _DEV, _SCI, _NET, _LANG = "Databases", "Web frameworks", "Developer tools", "Scientific computing", "Servers & networking", "Programming languages"
 SITES: dict[str, SiteSpec] = {s.name: s for s in [
-    SiteSpec("postgresql", "postgresql-doc-15", "/usr/share/doc/postgresql-doc-15/html", "index.html", "PostgreSQL 15 Documentation"),
-    SiteSpec("git", "git-doc", "/usr/share/doc/git-doc", "git.html", "Git Documentation"),
-    SiteSpec("sqlite", "sqlite3-doc", "/usr/share/doc/sqlite3", "index.html", "SQLite Documentation"),
-    SiteSpec("python", "python3.11-doc", "/usr/share/doc/python3.11/html", "index.html", "Python 3.11 Documentation"),
-    SiteSpec("r-manuals", "r-doc-html", "/usr/share/R/doc/manual", "R-intro.html", "R Manuals"),
+    SiteSpec("postgresql", "postgresql-doc-15", "/usr/share/doc/postgresql-doc-15/html", "index.html", "PostgreSQL 15 Documentation", subdomain=_DB),
+    SiteSpec("git", "git-doc", "/usr/share/doc/git-doc", "git.html", "Git Documentation", subdomain=_DEV),
+    SiteSpec("sqlite", "sqlite3-doc", "/usr/share/doc/sqlite3", "index.html", "SQLite Documentation", subdomain=_DB),
+    SiteSpec("python", "python3.11-doc", "/usr/share/doc/python3.11/html", "index.html", "Python 3.11 Documentation", subdomain=_LANG),
+    SiteSpec("r-manuals", "r-doc-html", "/usr/share/R/doc/manual", "R-intro.html", "R Manuals", subdomain=_LANG),
+    # the breadth set: every site below gives rubric tasks within 2 clicks of its start page (`generate_tasks`)
+    SiteSpec("django", "python-django-doc", "/usr/share/doc/python-django-doc/html", "index.html", "Django Documentation", subdomain=_WEB),
+    SiteSpec("flask", "python-flask-doc", "/usr/share/doc/python-flask-doc/html", "index.html", "Flask Documentation", subdomain=_WEB),
+    SiteSpec("werkzeug", "python-werkzeug-doc", "/usr/share/doc/python-werkzeug-doc/html", "index.html", "Werkzeug Documentation", subdomain=_WEB),
+    SiteSpec("jinja", "python-jinja2-doc", "/usr/share/doc/python-jinja2-doc/html", "index.html", "Jinja Documentation", subdomain=_WEB),
+    SiteSpec("bottle", "python-bottle-doc", "/usr/share/doc/python-bottle-doc/html", "index.html", "Bottle Documentation", subdomain=_WEB),
+    SiteSpec("cherrypy", "python-cherrypy3-doc", "/usr/share/doc/python-cherrypy3-doc/html", "index.html", "CherryPy Documentation", subdomain=_WEB),
+    SiteSpec("webob", "python-webob-doc", "/usr/share/doc/python-webob-doc", "index.html", "WebOb Documentation", subdomain=_WEB),
+    SiteSpec("wtforms", "python-wtforms-doc", "/usr/share/doc/python-wtforms-doc/html", "index.html", "WTForms Documentation", subdomain=_WEB),
+    SiteSpec("requests", "python-requests-doc", "/usr/share/doc/python-requests-doc/html", "index.html", "Requests Documentation", subdomain=_NET),
+    SiteSpec("sqlalchemy", "python-sqlalchemy-doc", "/usr/share/doc/python-sqlalchemy-doc/html", "index.html", "SQLAlchemy 1.4 Documentation", subdomain=_DB),
+    SiteSpec("psycopg2", "python-psycopg2-doc", "/usr/share/doc/python-psycopg2-doc/html", "index.html", "Psycopg 2 Documentation", subdomain=_DB),
+    SiteSpec("pymongo", "python-pymongo-doc", "/usr/share/doc/python-pymongo-doc/html", "index.html", "PyMongo Documentation", subdomain=_DB),
+    SiteSpec("peewee", "python-peewee-doc", "/usr/share/doc/python-peewee-doc/html", "index.html", "peewee Documentation", subdomain=_DB),
+    SiteSpec("pytest", "python-pytest-doc", "/usr/share/doc/python-pytest-doc/html", "index.html", "pytest Documentation", subdomain=_DEV),
+    SiteSpec("setuptools", "python-setuptools-doc", "/usr/share/doc/python-setuptools-doc/html", "index.html", "Setuptools Documentation", subdomain=_DEV),
+    SiteSpec("sphinx", "sphinx-doc", "/usr/share/doc/sphinx-doc/html", "index.html", "Sphinx Documentation", subdomain=_DEV),
+    SiteSpec("docutils", "docutils-doc", "/usr/share/doc/docutils-doc/docs", "index.html", "Docutils Documentation", subdomain=_DEV),
+    SiteSpec("pygments", "python-pygments-doc", "/usr/share/doc/python-pygments-doc/html", "index.html", "Pygments Documentation", subdomain=_DEV),
+    SiteSpec("markdown", "python-markdown-doc", "/usr/share/doc/python-markdown-doc/docs", "index.html", "Python-Markdown Documentation", subdomain=_DEV),
+    SiteSpec("cmake", "cmake-doc", "/usr/share/doc/cmake-data/html", "index.html", "CMake Reference Documentation", subdomain=_DEV),
+    SiteSpec("click", "python-click-doc", "/usr/share/doc/python-click-doc/html", "index.html", "Click Documentation", subdomain=_DEV),
+    SiteSpec("attrs", "python-attr-doc", "/usr/share/doc/python-attr-doc/html", "index.html", "attrs Documentation", subdomain=_DEV),
+    SiteSpec("babel", "python-babel-doc", "/usr/share/doc/python-babel-doc/html", "index.html", "Babel Documentation", subdomain=_DEV),
+    SiteSpec("future", "python-future-doc", "/usr/share/doc/python-future-doc/html", "index.html", "Python-Future Documentation", subdomain=_LANG),
+    SiteSpec("toolz", "python-toolz-doc", "/usr/share/doc/python-toolz-doc/html", "index.html", "Toolz Documentation", subdomain=_LANG),
+    SiteSpec("nodejs", "nodejs-doc", "/usr/share/doc/nodejs/api", "index.html", "Node.js 18 Documentation", subdomain=_LANG),
+    SiteSpec("octave", "octave-doc", "/usr/share/doc/octave/octave.html", "index.html", "GNU Octave Manual", subdomain=_SCI),
+    SiteSpec("xarray", "python-xarray-doc", "/usr/share/doc/python-xarray-doc/html", "index.html", "xarray Documentation", subdomain=_SCI),
+    SiteSpec("h5py", "python-h5py-doc", "/usr/share/doc/python-h5py-doc/html", "index.html", "h5py Documentation", subdomain=_SCI),
+    SiteSpec("pint", "python-pint-doc", "/usr/share/doc/python-pint-doc/html", "index.html", "Pint Documentation", subdomain=_SCI),
+    SiteSpec("mpmath", "python-mpmath-doc", "/usr/share/doc/python-mpmath-doc/html", "index.html", "mpmath Documentation", subdomain=_SCI),
+    SiteSpec("pillow", "python-pil-doc", "/usr/share/doc/python-pil-doc/html", "index.html", "Pillow Documentation", subdomain=_SCI),
+    SiteSpec("lxml", "python-lxml-doc", "/usr/share/doc/python-lxml/html", "index.html", "lxml Documentation", subdomain=_DEV),
+    SiteSpec("apache", "apache2-doc", "/usr/share/doc/apache2-doc/manual", "en/index.html", "Apache HTTP Server Documentation", subdomain=_NET),
+    SiteSpec("celery", "python-celery-doc", "/usr/share/doc/python-celery-doc/html", "index.html", "Celery Documentation", subdomain=_NET),
+    SiteSpec("kombu", "python-kombu-doc", "/usr/share/doc/python-kombu-doc/html", "index.html", "Kombu Documentation", subdomain=_NET),
+    SiteSpec("gevent", "python-gevent-doc", "/usr/share/doc/python-gevent-doc/html", "index.html", "gevent Documentation", subdomain=_NET),
+    SiteSpec("python-ldap", "python-ldap-doc", "/usr/share/doc/python-ldap-doc/html", "index.html", "python-ldap Documentation", subdomain=_NET),
 ]}
-DEFAULT_SITES = ["postgresql", "git", "sqlite", "python"]
+DEFAULT_SITES = ["postgresql", "git", "sqlite", "python"]   # the four large manuals the tests and most experiments use
+BREADTH_SITES = [n for n in SITES if n != "r-manuals"]          # every site that gives tasks: the breadth set (42)
 
 # %% ../../nbs/60_webgym_websites.ipynb #1c4e3615
 def site_spec(name: str) -> SiteSpec:
@@ -232,8 +273,11 @@ def reachable_pages(site: str, max_depth: int = 2, max_pages: int = 400) -> dict
     return depth
 
 # %% ../../nbs/60_webgym_websites.ipynb #e3ce2cda
-def link_path(site: str, start: str, goal: str, max_pages: int = 3000) -> list[tuple[str, str]] | None:
-    "Shortest list of clicks `[(anchor text, page reached)]` from `start` to `goal`; [] if equal, None if unreachable."
+def link_path(site: str, start: str, goal: str, max_pages: int = 3000, first: set[str] | None = None,
+              avoid: set[str] = frozenset()) -> list[tuple[str, str]] | None:
+    """Shortest list of clicks `[(anchor text, page reached)]` from `start` to `goal`; [] if equal, None if unreachable.
+    `first`: the normalized anchor texts the first click may use (the links a browser shows on `start`; None: any);
+    `avoid`: pages the path may not pass through (e.g. those a browsing agent has already left)."""
     if start == goal: return []
     prev, queue = {start: None}, collections.deque([start])
     while queue and len(prev) < max_pages:
@@ -241,7 +285,7 @@ def link_path(site: str, start: str, goal: str, max_pages: int = 3000) -> list[t
         page = read_page(site, cur)
         if page is None: continue
         for target, text in unique_links(page).items():
-            if target in prev: continue
+            if target in prev or (target in avoid and target != goal) or (cur == start and first is not None and normalize_text(text) not in first): continue
             prev[target] = (cur, text)
             if target == goal:
                 path, node = [], goal
