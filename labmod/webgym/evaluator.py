@@ -347,16 +347,15 @@ class EvalQueue:
     def __exit__(self, *exc): self.close()
 
 # %% ../../nbs/62_webgym_evaluator.ipynb #857189d7
-def click_toward(site: str, data: dict | None, goal: str) -> str | None:
-    "The click on the page in `data` (its url and accessibility tree) that starts the shortest unique-link path to `goal`."
+def click_toward(site: str, data: dict | None, goal: str, seen: set[str] = frozenset()) -> str | None:
+    """The click on the page in `data` (its url and accessibility tree) that starts the shortest unique-link path to `goal`
+    through a link the page shows (a link the HTML has but the browser hides, e.g. in a collapsed menu, is not clicked) and
+    through no page of `seen` (so a page whose onward link is hidden does not send the expert back and forth)."""
     data = data or {}
-    path = link_path(site, url_path(data.get("url", "")), goal)
-    if not path: return None
-    want = normalize_text(path[0][0])
-    for n in data.get("axtree", []):
-        if n.get("role") == "link" and n.get("id") is not None and normalize_text(n.get("name", "")) == want:
-            return f"click({n['id']})"
-    return None
+    shown = {normalize_text(n.get("name", "")): n["id"] for n in reversed(data.get("axtree", []))
+             if n.get("role") == "link" and n.get("id") is not None}   # reversed: the first link with a name wins
+    path = link_path(site, url_path(data.get("url", "")), goal, first=set(shown), avoid=set(seen))
+    return f"click({shown[normalize_text(path[0][0])]})" if path else None
 
 def expert_answer(rubric: dict) -> str:
     """The scripted expert's answer: every fact's value in the rubric's order, `; `-separated (the evaluator binds a
@@ -368,7 +367,7 @@ def expert_answer(rubric: dict) -> str:
 def next_web_action(task: Task, pages: list[str], seen: set[str], data: dict | None, answer: bool = True) -> str | None:
     "The scripted move on `task`: a click toward the first of `pages` not `seen`, then (with `answer`) the expert's answer."
     left = [p for p in pages if p not in seen]
-    if left: return click_toward(task.rubric["website"], data, left[0])
+    if left: return click_toward(task.rubric["website"], data, left[0], seen)
     return f"answer({json.dumps(expert_answer(task.rubric))})" if answer else None
 
 # %% ../../nbs/62_webgym_evaluator.ipynb #d6e23420

@@ -64,6 +64,16 @@ def _in_nav(n: HtmlNode) -> bool:
         p = p.parent
     return False
 
+def _hidden(n: HtmlNode) -> bool:
+    "Whether a browser hides `n` by default: inside a closed `<details>` (not its summary), or `hidden` / `display:none` on the way up."
+    p, child = n, None
+    while p is not None:
+        style = p.attrs.get("style", "").replace(" ", "").lower()
+        if "hidden" in p.attrs or "display:none" in style or "visibility:hidden" in style: return True
+        if p.tag == "details" and "open" not in p.attrs and not (child is not None and child.tag == "summary"): return True
+        p, child = p.parent, p
+    return False
+
 def _fact(kind, question, answer, alternatives, path, evidence):
     alts = list(dict.fromkeys(a for a in [answer, *alternatives] if compact(a)))
     return {"kind": kind, "question": question, "answer": answer, "alternatives": alts, "evidence": {"url": path, "text": evidence}}
@@ -72,7 +82,7 @@ def table_facts(page: Page, max_cell: int = 60, max_row: int = 180) -> list[dict
     "Facts 'the value in column C for row R' from the page's data tables (a header row, then data rows)."
     out = []
     for ti, table in enumerate(page.tree.iter("table")):
-        if _in_nav(table): continue
+        if _in_nav(table) or _hidden(table): continue
         rows = _direct(table, {"tr"}, {"thead", "tbody", "tfoot"})
         if len(rows) < 3: continue
         header = [_clean(c.text) for c in _direct(rows[0], {"th", "td"})]
@@ -96,7 +106,7 @@ def definition_facts(page: Page, words: int = 12, max_term: int = 60) -> list[di
     "Facts 'the entry described as ...' from definition lists (term -> first words of its description)."
     out = []
     for dl in page.tree.iter("dl"):
-        if _in_nav(dl): continue
+        if _in_nav(dl) or _hidden(dl): continue
         items = _direct(dl, {"dt", "dd"}, {"div"})
         terms = collections.Counter(_clean(n.text) for n in items if n.tag == "dt")
         for dt, dd in zip(items, items[1:]):
@@ -115,6 +125,7 @@ def heading_facts(page: Page) -> list[dict]:
     "Facts 'the title of section N.M' from numbered headings."
     out = []
     for h in page.tree.iter("h1", "h2", "h3", "h4"):
+        if _hidden(h): continue
         text = _clean(h.text)
         if m := _SECTION.match(text):
             out.append(_fact("heading", f"the title of section {m.group(1)}", m.group(2), [], page.path, text))
