@@ -349,12 +349,13 @@ class EvalQueue:
 # %% ../../nbs/62_webgym_evaluator.ipynb #857189d7
 def click_toward(site: str, data: dict | None, goal: str, seen: set[str] = frozenset()) -> str | None:
     """The click on the page in `data` (its url and accessibility tree) that starts the shortest unique-link path to `goal`
-    through a link the page shows (a link the HTML has but the browser hides, e.g. in a collapsed menu, is not clicked) and
-    through no page of `seen` (so a page whose onward link is hidden does not send the expert back and forth)."""
+    through a link the page shows (a link the HTML has but the browser hides, e.g. in a collapsed menu, is not clicked):
+    through no page of `seen` when such a path exists (a detour, not back and forth past a hidden link), else any."""
     data = data or {}
     shown = {normalize_text(n.get("name", "")): n["id"] for n in reversed(data.get("axtree", []))
              if n.get("role") == "link" and n.get("id") is not None}   # reversed: the first link with a name wins
-    path = link_path(site, url_path(data.get("url", "")), goal, first=set(shown), avoid=set(seen))
+    cur = url_path(data.get("url", ""))
+    path = link_path(site, cur, goal, first=set(shown), avoid=set(seen)) or (link_path(site, cur, goal, first=set(shown)) if seen else None)
     return f"click({shown[normalize_text(path[0][0])]})" if path else None
 
 def expert_answer(rubric: dict) -> str:
@@ -367,7 +368,7 @@ def expert_answer(rubric: dict) -> str:
 def next_web_action(task: Task, pages: list[str], seen: set[str], data: dict | None, answer: bool = True) -> str | None:
     "The scripted move on `task`: a click toward the first of `pages` not `seen`, then (with `answer`) the expert's answer."
     left = [p for p in pages if p not in seen]
-    if left: return click_toward(task.rubric["website"], data, left[0], seen)
+    if left: return click_toward(task.rubric["website"], data, left[0], set(seen) | {task.rubric.get("start_page")} - {None})
     return f"answer({json.dumps(expert_answer(task.rubric))})" if answer else None
 
 # %% ../../nbs/62_webgym_evaluator.ipynb #d6e23420
