@@ -4,7 +4,8 @@
 
 # %% ../nbs/22_rollout.ipynb #c262bc9c
 from __future__ import annotations
-import time, warnings, zlib
+import heapq, random, time, warnings, zlib
+import numpy as np
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor, wait, FIRST_COMPLETED, ALL_COMPLETED
 from dataclasses import dataclass, field, asdict
@@ -14,7 +15,8 @@ from .envs.core import Env
 from .agent import AgentState, Decision, Policy
 
 # %% auto #0
-__all__ = ['EnvSlot', 'RolloutConfig', 'RolloutStats', 'apply_verdict', 'state_seed', 'RolloutEngine']
+__all__ = ['EnvSlot', 'RolloutConfig', 'RolloutStats', 'apply_verdict', 'state_seed', 'RolloutEngine', 'EpisodeTrace',
+           'episode_traces', 'LMLatency', 'simulate_rollouts']
 
 # %% ../nbs/22_rollout.ipynb #ae93b7ab
 class EnvSlot:
@@ -114,6 +116,7 @@ class _Episode:
     history: list = field(default_factory=list)
     retries: int = 0
     error: str | None = None
+    reset_s: float = 0.0               # seconds the env's reset took (for the scheduler's model below)
     pending: Future | None = None      # the scorer's verdict, while it is computed
 
     @property
@@ -217,7 +220,7 @@ class _Run:
         except Exception as exc: self.env_failed(ep, exc); return
         self.stats.env_busy_s += dt
         if kind == "reset":
-            ep.obs = ep.initial_obs = res; ep.valid, ep.expert = valid, expert; self.ready.append(ep); return
+            ep.obs = ep.initial_obs = res; ep.valid, ep.expert, ep.reset_s = valid, expert, dt; self.ready.append(ep); return
         turn = ep.turns[-1]
         # env rewards stay in [0, 1]; a wrapper may charge a penalty to the turn (info['reward_penalty'])
         penalty = float(res.info.get("reward_penalty", 0.0))
@@ -281,8 +284,96 @@ def _run(self, tasks: list[Task], group_size: int = 1, scorer: Callable | None =
     return groups
 
 def _trajectory(self, ep: _Episode) -> Trajectory:
-    md = {"group": ep.group, "member": ep.member, "mode": self.cfg.mode, "policy": self.policy.name}
+    md = {"group": ep.group, "member": ep.member, "mode": self.cfg.mode, "policy": self.policy.name, "reset_s": ep.reset_s}
     if ep.error: md["env_error"] = ep.error
     return Trajectory(ep.task, ep.initial_obs, ep.turns, md)
 
 RolloutEngine.run, RolloutEngine._trajectory = _run, _trajectory
+
+# %% ../nbs/22_rollout.ipynb #b547d693
+@dataclass
+class EpisodeTrace:
+    "What one real episode cost: its reset's seconds and each turn's env seconds (None: a turn the env never saw)."
+    reset_s: float
+    env_s: list
+
+    @classmethod
+    def of(cls, traj: Trajectory) -> "EpisodeTrace":
+        return cls(float(traj.metadata.get("reset_s", 0.0)), [t.timings.get("env_s") for t in traj.turns])
+
+def episode_traces(groups) -> list[EpisodeTrace]:
+    "The traces of every trajectory with at least one turn in `groups` (a run's output, or a flat list)."
+    trajs = [t for x in groups for t in (x if isinstance(x, list) else [x])]
+    return [EpisodeTrace.of(t) for t in trajs if t.turns]
+
+@dataclass
+class LMLatency:
+    "Seconds of one policy call for a batch of `n` states: `intercept + per_state * n`."
+    intercept: float
+    per_state: float
+    def __call__(self, n: int) -> float: return self.intercept + self.per_state * n
+
+    @classmethod
+    def fit(cls, groups) -> "LMLatency":
+        "Least squares over the calls recorded in the turns of `groups` (each call counted once, not once per state)."
+        trajs = [t for x in groups for t in (x if isinstance(x, list) else [x])]
+        pts = [(t.timings["policy_batch"], t.timings["policy_s"] * t.timings["policy_batch"]) for tr in trajs for t in tr.turns
+               if "policy_s" in t.timings]
+        if not pts: raise ValueError("LMLatency.fit: no turn records its policy time (timings['policy_s']); pass a RolloutEngine run's groups")
+        n = np.array([b for b, _ in pts], float); y = np.array([s for _, s in pts], float); w = 1.0 / n
+        if len(set(n)) < 2: return cls(0.0, float(np.sum(w * y) / np.sum(w * n)))
+        A = np.stack([np.ones_like(n), n], 1) * np.sqrt(w)[:, None]
+        a, b = np.linalg.lstsq(A, y * np.sqrt(w), rcond=None)[0]
+        if a < 0: a, b = 0.0, float(np.sum(w * y) / np.sum(w * n))
+        if b < 0: a, b = float(np.sum(w * y) / np.sum(w)), 0.0
+        return cls(float(a), float(b))
+
+# %% ../nbs/22_rollout.ipynb #bf2885cd
+def simulate_rollouts(traces: list[EpisodeTrace], lm: LMLatency, cfg: RolloutConfig, n_episodes: int | None = None,
+                      seed: int = 0) -> dict:
+    "Model `run`'s coordinator: the traces in order (or `n_episodes` drawn from them) over `cfg.n_envs` slots in `cfg.mode`."
+    traces = [t for t in traces if t.env_s]
+    if not traces: raise ValueError("simulate_rollouts: no trace with a turn to play")
+    rng = random.Random(seed)
+    pending = deque(traces if n_episodes is None else [rng.choice(traces) for _ in range(n_episodes)])
+    now, free, seq, heap, ready = 0.0, cfg.n_envs, 0, [], []
+    st = dict(episodes=0, turns=0, policy_busy_s=0.0, env_busy_s=0.0, policy_calls=0, policy_states=0)
+
+    def submit(ep, secs):
+        nonlocal seq
+        heapq.heappush(heap, (now + secs, seq, ep)); seq += 1; st["env_busy_s"] += secs
+    def after_turn(ep):
+        nonlocal free
+        ep[1] += 1
+        if ep[1] >= len(ep[0].env_s): free += 1; st["episodes"] += 1
+        else: ready.append(ep)
+    def on_env(ep):
+        if ep[2]: ep[2] = False; ready.append(ep)       # the reset came back
+        else: after_turn(ep)
+    def decide(batch):
+        nonlocal now
+        dt = lm(len(batch)); now += dt
+        st["policy_busy_s"] += dt; st["policy_calls"] += 1; st["policy_states"] += len(batch); st["turns"] += len(batch)
+        for ep in batch:
+            s = ep[0].env_s[ep[1]]
+            if s is None: after_turn(ep)
+            else: submit(ep, s)
+    def pop_done(until):
+        while heap and heap[0][0] <= until + 1e-12: on_env(heapq.heappop(heap)[2])
+
+    while pending or heap or ready:
+        while pending and free:
+            free -= 1; tr = pending.popleft(); submit([tr, 0, True], tr.reset_s)
+        if cfg.mode == "sync":
+            if heap: now = max(t for t, _, _ in heap); pop_done(now); continue
+            batch, ready[:] = ready[:], []
+            for i in range(0, len(batch), cfg.max_batch): decide(batch[i:i + cfg.max_batch])
+        else:
+            pop_done(now)
+            if ready:
+                batch, ready[:] = ready[:cfg.max_batch], ready[cfg.max_batch:]
+                decide(batch)
+            elif heap: now = heap[0][0]; pop_done(now)
+    w = now or 1e-12
+    return {**st, "wall_s": now, "n_envs": cfg.n_envs, "episodes_per_s": st["episodes"] / w, "policy_utilization": st["policy_busy_s"] / w,
+            "env_utilization": st["env_busy_s"] / (w * cfg.n_envs), "mean_batch": st["policy_states"] / max(st["policy_calls"], 1)}

@@ -25,7 +25,7 @@ def _parser() -> argparse.ArgumentParser:
     rp.add_argument("--supersede", metavar="EXPERIMENT/RUN_ID", help="mark this run superseded (needs --reason)")
     rp.add_argument("--note", metavar="EXPERIMENT/RUN_ID", help="add a note to this run's caveats, e.g. why it has fewer seeds (needs --reason)")
     rp.add_argument("--reason", help="why the run is superseded, or the note's text (shown on its report and the index)")
-    rp.add_argument("--by", metavar="RUN_ID", help="the run that replaces it")
+    rp.add_argument("--by", metavar="[EXPERIMENT/]RUN_ID", help="the run that replaces it (EXPERIMENT/RUN_ID for another experiment's run)")
     e = sub.add_parser("env", help="environment tools"); es = e.add_subparsers(dest="env_cmd", required=True)
     c = es.add_parser("check", help="run one real episode per env along its gold/expert path")
     c.add_argument("--env", action="append", help="env name (repeatable; default: all)")

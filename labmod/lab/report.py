@@ -12,11 +12,11 @@ from .experiment import VERDICTS, apply_verdicts, atomic_write_text, format_read
 # %% auto #0
 __all__ = ['LONG_TABLE_ROWS', 'DESIGN_SEEDS', 'DESIGN_EPISODES', 'CLAIMS_FILE', 'git_info', 'machine_info', 'path_roots',
            'relativize', 'clean_page', 'verdict_badge', 'readings_table', 'readings_figure', 'final_table',
-           'params_drift', 'caveats', 'headline_readings', 'headline_final_keys', 'header_html', 'portable_meta',
-           'render_run_report', 'rerender_run_report', 'final_metrics', 'aggregate_over_seeds', 'render_sweep_page',
-           'superseded_runs', 'ClaimsError', 'claimed_experiments', 'load_claims', 'read_report_metas', 'scale_text',
-           'reading_cells', 'current_runs', 'claims_html', 'runs_html', 'build_index', 'mark_superseded', 'note_run',
-           'render_reports']
+           'params_drift', 'caveats', 'headline_readings', 'headline_final_keys', 'superseded_href', 'header_html',
+           'portable_meta', 'render_run_report', 'rerender_run_report', 'final_metrics', 'aggregate_over_seeds',
+           'render_sweep_page', 'superseded_runs', 'ClaimsError', 'claimed_experiments', 'load_claims',
+           'read_report_metas', 'scale_text', 'reading_cells', 'current_runs', 'claims_html', 'runs_html',
+           'build_index', 'mark_superseded', 'note_run', 'render_reports']
 
 # %% ../../nbs/91_report.ipynb #b2113f2a
 def git_info(cwd: Path | None = None) -> dict:
@@ -270,13 +270,20 @@ def _provenance(meta: dict) -> str:
             ("parameters", f"<code>{_esc(params)}</code>")]
     return "<table>" + "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows) + "</table>"
 
+# %% ../../nbs/91_report.ipynb #8a751261
+def superseded_href(by: str, experiment: str, where: str = "report") -> str:
+    "The link to the run that supersedes one of `experiment`'s runs: `by` is RUN_ID (same experiment) or EXPERIMENT/RUN_ID; from its `report` or the `index`."
+    if where not in ("report", "index"): raise ValueError(f"superseded_href: where must be 'report' or 'index', got {where!r}")
+    path = by if "/" in by else f"{experiment}/{by}"
+    return f"{path}.html" if where == "index" else f"../{path}.html"
+
 # %% ../../nbs/91_report.ipynb #7fdf708f
 def header_html(meta: dict, defaults: dict | None = None) -> str:
     "The generated top of a report (see above); `defaults`: the notebook's current parameters, for the caveats."
     kind = meta.get("kind", "run")
     parts = [f'<h1>{_esc(meta.get("experiment"))} / {_esc(meta.get("run_id"))}</h1>']
     if sup := meta.get("superseded"):
-        by = f' by <a href="{_esc(sup["by"])}.html">{_esc(sup["by"])}</a>' if sup.get("by") else ""
+        by = f' by <a href="{_esc(superseded_href(sup["by"], meta.get("experiment"), "report"))}">{_esc(sup["by"])}</a>' if sup.get("by") else ""
         parts.append(f'<div class="labmod-banner"><b>Superseded</b>{by}: {_esc(sup.get("reason", ""))}</div>')
     if kind == "run":
         heads = headline_readings(meta)
@@ -619,7 +626,7 @@ def _run_row(m: dict, sup: dict, patterns: list[str] | None = None) -> str:
     reading, verdict_html = reading_cells(m, patterns)
     s = sup.get((m.get("experiment"), m.get("run_id")))
     note = ""
-    if s: note = "<br><b>superseded</b>" + (f' by <a href="{_esc(m["experiment"])}/{_esc(s["by"])}.html">{_esc(s["by"])}</a>' if s.get("by") else "") + f": {_esc(s.get('reason', ''))}"
+    if s: note = "<br><b>superseded</b>" + (f' by <a href="{_esc(superseded_href(s["by"], m["experiment"], "index"))}">{_esc(s["by"])}</a>' if s.get("by") else "") + f": {_esc(s.get('reason', ''))}"
     return (f'<tr class="{"superseded" if s else ""}"><td>{_esc(m.get("kind", "run"))}</td><td><a href="{_esc(m["_href"])}">{_esc(m.get("run_id"))}</a>{note}</td>'
             f'<td class="status-{_esc(m.get("status"))}">{_esc(m.get("status"))}</td>'
             f'<td>{_esc(time.strftime("%Y-%m-%d %H:%M", time.localtime(m.get("start") or 0)))}</td><td>{(m.get("wall_s") or 0):.0f} s</td>'
@@ -696,8 +703,13 @@ def _edit_report(reports_dir: Path | None, ref: str, edit) -> Path:
     return j
 
 def mark_superseded(reports_dir: Path | None, ref: str, reason: str, by: str | None = None) -> Path:
-    "Mark the run `ref` (EXPERIMENT/RUN_ID) superseded with `reason` (and the run that replaces it); re-renders it and the index."
+    "Mark the run `ref` (EXPERIMENT/RUN_ID) superseded with `reason` (and the run that replaces it: RUN_ID, or EXPERIMENT/RUN_ID for a run of another experiment); re-renders it and the index."
     if not reason.strip(): raise ValueError("a superseded mark needs a reason (--reason)")
+    if by:
+        root = Path(reports_dir or settings().reports_dir)
+        target = root / (by if "/" in by else f"{ref.partition('/')[0]}/{by}")
+        if not target.with_suffix(".json").exists():
+            raise FileNotFoundError(f"--by {by}: no report {target.with_suffix('.json')}; give RUN_ID (same experiment) or EXPERIMENT/RUN_ID as the index lists it")
     return _edit_report(reports_dir, ref, lambda m: m.update(superseded={"by": by, "reason": reason.strip(), "explicit": True, "marked": time.time()}))
 
 def note_run(reports_dir: Path | None, ref: str, text: str) -> Path:

@@ -259,7 +259,7 @@ def arm_readings(curves) -> "pd.DataFrame":
 # %% ../../nbs/64_webgym_train.ipynb #0a8568d3
 def rollout_throughput(agent: Agent, sites: dict[str, str], tasks: list[Task], cfg: WebGymConfig,
                        modes: tuple = ("sync", "async"), repeats: int = 2) -> dict:
-    "Best-of-`repeats` rollout statistics of `agent` per mode on `tasks` (one episode each), with `cfg`'s envs for every mode."
+    "Best-of-`repeats` rollout statistics of `agent` per mode on `tasks` (one episode each, its trajectories in 'groups'), with `cfg`'s envs for every mode."
     out: dict[str, list] = {}
     n = cfg.run.n_envs
     with EvalQueue(cfg.eval_workers) as queue, web_envs(sites, cfg) as factory:
@@ -268,6 +268,6 @@ def rollout_throughput(agent: Agent, sites: dict[str, str], tasks: list[Task], c
                 rcfg = RolloutConfig(max_turns=cfg.run.max_turns, n_envs=n, mode=mode, max_batch=n, seed=cfg.run.seed, show_valid_actions=False)
                 with RolloutEngine(agent, factory, rcfg) as eng:
                     eng.run(tasks[:n], scorer=queue.scorer())          # start the browsers outside the timing
-                    eng.run(tasks, scorer=queue.scorer())
-                    out.setdefault(mode, []).append(eng.stats.as_dict())
+                    groups = eng.run(tasks, scorer=queue.scorer())
+                    out.setdefault(mode, []).append(eng.stats.as_dict() | {"groups": groups})
     return {m: max(runs, key=lambda r: r["episodes_per_s"]) | {"runs": [r["episodes_per_s"] for r in runs]} for m, runs in out.items()}
