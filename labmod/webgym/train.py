@@ -106,6 +106,7 @@ class WebGymConfig:
     expert_in_groups: bool = False         # add the expert's successful trace to each training group (off-policy; labelled "expert")
     train_judge: str = "rubric"            # the training reward's judge, a name in JUDGES (evaluation always uses the rubric)
     sft_turns: str = "all"                 # the warm start trains on "all" expert turns, or "click": navigation only
+    verified_only: bool = False            # train and warm-start only on tasks whose expert demonstration, played in the browser, the rubric judge accepts (the others are counted)
 
     def __post_init__(self):
         if not isinstance(self.format, PromptFormat): raise ValueError(f"WebGymConfig.format must be a PromptFormat (MEMORY_FORMAT or TASK_FORMAT), got {self.format!r}")
@@ -157,7 +158,7 @@ class WebGymHooks(RunHooks):
     "WebGym's changes to the one training run (see above)."
     def __init__(self, cfg: WebGymConfig, queue: EvalQueue | None = None, expert: dict[str, Trajectory] | None = None):
         self.cfg, self.queue, self.expert = cfg, queue or EvalQueue(0), expert or {}
-        self.left_out = self.appended = 0
+        self.left_out = self.appended = self.unverified_demos = self.unverified_tasks = 0
 
     def groups(self, tasks: list[Task], groups: list[list[Trajectory]]) -> list[list[Trajectory]]:
         if self.cfg.repetition_penalty > 0 and isinstance(self.cfg.run.algo, ReinforceConfig):
@@ -172,10 +173,18 @@ class WebGymHooks(RunHooks):
 
     def demos(self, demos: list[Trajectory]) -> list[Trajectory]:
         judged(demos)
+        if self.cfg.verified_only:
+            kept = [d for d in demos if d.success]
+            self.unverified_demos += len(demos) - len(kept)
+            if demos and not kept:
+                raise ValueError(f"WebGymConfig.verified_only: the rubric judge accepted none of the expert's {len(demos)} warm-start "
+                                 "demonstrations in the browser; give the warm start tasks the expert can solve, or set verified_only=False")
+            demos = kept
         return click_turns_only(demos) if self.cfg.sft_turns == "click" else demos
 
     def summary(self) -> dict:
         return {"unchanged_turns_left_out": self.left_out, "expert_traces_in_groups": self.appended,
+                "unverified_demos_left_out": self.unverified_demos, "unverified_train_tasks_left_out": self.unverified_tasks,
                 "episodes_judged": self.queue.judged, "judge_busy_s": self.queue.busy_s}
 
 # %% ../../nbs/64_webgym_train.ipynb #24401282
@@ -199,14 +208,20 @@ def train_webgym(lm, sites: dict[str, str], tasks: RunTasks, cfg: WebGymConfig, 
     "Warm start (optional) then REINFORCE or GRPO on rubric tasks of the served `sites`, through `rl.run.train`; returns its result."
     agent = cfg.make_agent(lm, [*tasks.warm, *tasks.train, *(t for ts in tasks.eval.values() for t in ts)])
     with EvalQueue(cfg.eval_workers) as queue, web_envs(sites, cfg) as factory:
-        expert = expert_traces(agent, factory, tasks.train, cfg) if cfg.expert_in_groups else {}
-        return train(agent, factory, tasks, cfg.run, WebGymHooks(cfg, queue, expert), store)
+        expert = expert_traces(agent, factory, tasks.train, cfg) if cfg.expert_in_groups or cfg.verified_only else {}
+        hooks = WebGymHooks(cfg, queue, expert if cfg.expert_in_groups else {})
+        if cfg.verified_only:
+            kept = [t for t in tasks.train if t.id in expert]
+            hooks.unverified_tasks = len(tasks.train) - len(kept)
+            if not kept: raise ValueError(f"WebGymConfig.verified_only: the expert solved none of the {len(tasks.train)} training tasks in the browser")
+            tasks = dataclasses.replace(tasks, train=kept)
+        return train(agent, factory, tasks, cfg.run, hooks, store)
 
 # %% ../../nbs/64_webgym_train.ipynb #c209af7d
 def _warm_key(cfg: WebGymConfig, warm_tasks: list[Task]) -> tuple:
     "What a warm start depends on: arms equal in these share one warm start per seed."
     return (cfg.format, cfg.history_k, cfg.max_new_tokens, cfg.run.max_turns, cfg.step_limit, cfg.budget_scale,
-            cfg.repetition_penalty, dataclasses.astuple(cfg.run.warm), cfg.sft_turns, tuple(t.id for t in warm_tasks))
+            cfg.repetition_penalty, dataclasses.astuple(cfg.run.warm), cfg.sft_turns, cfg.verified_only, tuple(t.id for t in warm_tasks))
 
 def _warm_start(lm, sites: dict[str, str], warm_tasks: list[Task], cfg: WebGymConfig) -> dict:
     "The warm start `rl.run.train` would run for `cfg`, on its own (so several arms can share it)."
