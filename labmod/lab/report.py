@@ -148,25 +148,30 @@ def _png(fig) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 def readings_figure(readings: list[dict]) -> str | None:
-    "Base64 PNG: every seed's value per reading with mean ± 95% CI, one panel per metric; None without readings."
+    "Base64 PNG: every seed's value per reading with mean ± 95% CI, one panel per metric (up to 9, three to a row); None without readings."
     if not readings: return None
+    import textwrap, math
     import matplotlib; matplotlib.use("Agg"); import matplotlib.pyplot as plt, pandas as pd, seaborn as sns
     metric = lambda name: name.split("/", 1)[0] if "/" in name else name
-    groups = list(dict.fromkeys(metric(r["name"]) for r in readings))[:6]
+    groups = list(dict.fromkeys(metric(r["name"]) for r in readings))[:9]
     df = pd.DataFrame([{"reading": r["name"], "metric": metric(r["name"]), "seed": str(p["seed"]), "value": p["value"]}
                        for r in readings for p in r["per_seed"]])
     n_rows = max(sum(metric(r["name"]) == g for r in readings) for g in groups)
-    fig, axes = plt.subplots(1, len(groups), figsize=(min(4.6 * len(groups), 14), 0.5 * n_rows + 1.4), squeeze=False)
-    for k, (ax, g) in enumerate(zip(axes[0], groups)):
+    ncols = min(3, len(groups)); nrows = math.ceil(len(groups) / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(min(4.6 * ncols, 14), nrows * (0.5 * n_rows + 1.9)), squeeze=False)
+    for ax in axes.flat[len(groups):]: ax.set_visible(False)
+    for k, (ax, g) in enumerate(zip(axes.flat, groups)):
         rs = [r for r in readings if metric(r["name"]) == g]
         order = [r["name"] for r in rs]
         sns.stripplot(data=df[df.metric == g], x="value", y="reading", hue="seed", order=order, ax=ax, size=6,
                       jitter=0.12, palette="deep", legend=k == len(groups) - 1)
         for i, r in enumerate(rs):
             ax.errorbar(r["mean"], i, xerr=r["ci95"] or 0, fmt="D", color="black", ms=5, capsize=4, zorder=5)
-        ax.set_title(g, fontsize=10); ax.set_xlabel("per-seed value, mean ± 95% CI"); ax.set_ylabel("")
-        ax.set_yticks(range(len(order)), [o.split("/", 1)[-1] for o in order])
-    if axes[0][-1].get_legend(): axes[0][-1].legend(title="seed", fontsize=7, title_fontsize=8, loc="best")
+        ax.set_title(textwrap.fill(g, 42), fontsize=9); ax.set_xlabel("per-seed value, mean ± 95% CI", fontsize=8); ax.set_ylabel("")
+        # a panel of one reading is named by its title; a metric's conditions are its rows
+        ax.set_yticks(range(len(order)), ["" if o == g else textwrap.fill(o.split("/", 1)[-1], 28) for o in order], fontsize=8)
+    last = axes.flat[len(groups) - 1]
+    if last.get_legend(): last.legend(title="seed", fontsize=7, title_fontsize=8, loc="best")
     fig.tight_layout()
     png = _png(fig); plt.close(fig); return png
 
