@@ -284,7 +284,8 @@ def _run(self, tasks: list[Task], group_size: int = 1, scorer: Callable | None =
     return groups
 
 def _trajectory(self, ep: _Episode) -> Trajectory:
-    md = {"group": ep.group, "member": ep.member, "mode": self.cfg.mode, "policy": self.policy.name, "reset_s": ep.reset_s}
+    md = {"group": ep.group, "member": ep.member, "mode": self.cfg.mode, "policy": self.policy.name}
+    if ep.turns: ep.turns[0].timings.setdefault("reset_s", ep.reset_s)   # a timing, not content: metadata stays deterministic
     if ep.error: md["env_error"] = ep.error
     return Trajectory(ep.task, ep.initial_obs, ep.turns, md)
 
@@ -299,7 +300,7 @@ class EpisodeTrace:
 
     @classmethod
     def of(cls, traj: Trajectory) -> "EpisodeTrace":
-        return cls(float(traj.metadata.get("reset_s", 0.0)), [t.timings.get("env_s") for t in traj.turns])
+        return cls(float(traj.turns[0].timings.get("reset_s", 0.0)) if traj.turns else 0.0, [t.timings.get("env_s") for t in traj.turns])
 
 def episode_traces(groups) -> list[EpisodeTrace]:
     "The traces of every trajectory with at least one turn in `groups` (a run's output, or a flat list)."
