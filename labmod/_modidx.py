@@ -54,6 +54,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                              'labmod.core.Trajectory.success': ('core.html#trajectory.success', 'labmod/core.py'),
                              'labmod.core.Trajectory.total_reward': ('core.html#trajectory.total_reward', 'labmod/core.py'),
                              'labmod.core.Turn': ('core.html#turn', 'labmod/core.py'),
+                             'labmod.core.flat_trajectories': ('core.html#flat_trajectories', 'labmod/core.py'),
                              'labmod.core.lazy_exports': ('core.html#lazy_exports', 'labmod/core.py')},
             'labmod.dreamgym.curriculum': { 'labmod.dreamgym.curriculum.Curriculum': ( 'dreamgym_curriculum.html#curriculum',
                                                                                        'labmod/dreamgym/curriculum.py'),

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # %% auto #0
-__all__ = ['JsonRecord', 'Task', 'Observation', 'Step', 'Turn', 'Trajectory', 'lazy_exports']
+__all__ = ['JsonRecord', 'Task', 'Observation', 'Step', 'Turn', 'Trajectory', 'flat_trajectories', 'lazy_exports']
 
 # %% ../nbs/00_core.ipynb #0f9d0c5f
 class JsonRecord:
@@ -116,6 +116,11 @@ class Trajectory(JsonRecord):
     def observations(self) -> list[Observation]:
         "The initial observation then the one after each turn."
         return [self.initial_obs] + [t.obs for t in self.turns if t.obs is not None]
+
+# %% ../nbs/00_core.ipynb #558176bd
+def flat_trajectories(groups_or_trajs) -> list[Trajectory]:
+    "Every trajectory of `groups_or_trajs`: a run's groups (lists of trajectories), a flat list, or a mix, in order."
+    return [t for x in groups_or_trajs for t in (x if isinstance(x, list) else [x])]
 
 # %% ../nbs/00_core.ipynb #bfeeeced
 import importlib, sys

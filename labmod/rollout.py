@@ -10,7 +10,7 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor, wait, FIRST_COMPLETED, ALL_COMPLETED
 from dataclasses import dataclass, field, asdict
 from typing import Callable
-from .core import Task, Observation, Turn, Trajectory
+from .core import Task, Observation, Turn, Trajectory, flat_trajectories
 from .envs.core import Env
 from .agent import AgentState, Decision, Policy
 
@@ -304,7 +304,7 @@ class EpisodeTrace:
 
 def episode_traces(groups) -> list[EpisodeTrace]:
     "The traces of every trajectory with at least one turn in `groups` (a run's output, or a flat list)."
-    trajs = [t for x in groups for t in (x if isinstance(x, list) else [x])]
+    trajs = flat_trajectories(groups)
     return [EpisodeTrace.of(t) for t in trajs if t.turns]
 
 @dataclass
@@ -317,7 +317,7 @@ class LMLatency:
     @classmethod
     def fit(cls, groups) -> "LMLatency":
         "Least squares over the calls recorded in the turns of `groups` (each call counted once, not once per state)."
-        trajs = [t for x in groups for t in (x if isinstance(x, list) else [x])]
+        trajs = flat_trajectories(groups)
         pts = [(t.timings["policy_batch"], t.timings["policy_s"] * t.timings["policy_batch"]) for tr in trajs for t in tr.turns
                if "policy_s" in t.timings]
         if not pts: raise ValueError("LMLatency.fit: no turn records its policy time (timings['policy_s']); pass a RolloutEngine run's groups")

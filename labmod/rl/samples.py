@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 from collections import defaultdict
 import numpy as np
-from ..core import Task, Turn, Trajectory
+from ..core import Task, Turn, Trajectory, flat_trajectories
 from .config import GiGPOConfig
 
 # %% auto #0
@@ -121,7 +121,7 @@ def fill_batch(sample_group_fn: Callable[[int], list[list[Trajectory]]], groups_
 # %% ../../nbs/31_rl_samples.ipynb #639ca695
 def reinforce_samples(groups_or_trajs, recency_decay: float | None = None, min_reward: float = 1.0) -> list[Sample]:
     "Samples (advantage = weight) from the trainable turns of successful trajectories (success, or reward >= `min_reward`)."
-    trajs = [t for x in groups_or_trajs for t in (x if isinstance(x, list) else [x])]
+    trajs = flat_trajectories(groups_or_trajs)
     out = []
     for ti, tr in enumerate(trajs):
         if not (tr.success or tr.total_reward >= min_reward): continue
