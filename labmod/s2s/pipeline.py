@@ -164,6 +164,7 @@ class Recipe:
     test_samples: int = 1         # episodes per held-out task or target, at the sampling temperature
     warm_epochs: int = 4          # SFT epochs on random admissible actions of the warm-start tasks (0: none)
     rl_algo: str = "grpo"         # the task-RL stage's update: "grpo", or "gigpo" (+ step advantages from shared anchor states)
+    micro_batch_size: int = 16    # sequences per backward pass (SmolLM2-135M on a 24 GiB CPU box: 2; 16 ran out of memory at 23 GB)
 
     def agent(self, seed: int, make: Callable[[], Env], warm_tasks: list[Task]) -> Agent:
         "A fresh policy for `seed` (temperature 1, no history), warm-started on random admissible actions of `warm_tasks`."
@@ -184,7 +185,7 @@ class Recipe:
         "The update of `name` at the recipe's learning rate: GRPO, or GiGPO with verl-agent's defaults (gamma 0.95, omega 1)."
         cls = {"grpo": GRPOConfig, "gigpo": GiGPOConfig}.get(name)
         if cls is None: raise ValueError(f"Recipe: the update must be 'grpo' or 'gigpo', got {name!r}")
-        return cls(lr=self.lr, old_logprobs="sampler", micro_batch_size=16)
+        return cls(lr=self.lr, old_logprobs="sampler", micro_batch_size=self.micro_batch_size)
 
     def tests(self, base: bool = True) -> HeldOutConfig:
         "Held-out tests at the sampling temperature, `test_samples` episodes per task."
