@@ -465,7 +465,7 @@ def superseded_runs(entries: list[dict]) -> dict[tuple, dict]:
         if (s := m.get("superseded")) and s.get("explicit"): out[(m.get("experiment"), m.get("run_id"))] = s
         groups.setdefault((m.get("experiment"), json.dumps(m.get("params") or {}, sort_keys=True, default=str)), []).append(m)
     for (exp, _), ms in groups.items():
-        oks = [m for m in ms if m.get("status") == "ok" and (exp, m.get("run_id")) not in out]
+        oks = [m for m in ms if m.get("status") == "ok"]   # an explicitly superseded run still supersedes the older ones
         if not oks: continue
         latest = max(oks, key=lambda m: m.get("start") or 0)
         for m in ms:
