@@ -7,23 +7,19 @@ facts) and hallucinated (the evidence page never visited) (label 0).
 
 Needs the Debian packages postgresql-doc-15 git-doc sqlite3-doc python3.11-doc and chromium.
 Run: .venv/bin/pytest tests/test_webgym_evaluator.py -s   (prints the table)"""
-import json, urllib.request
+import urllib.request
 from pathlib import Path
 import pytest
-from labmod.core import Trajectory, Turn
-from labmod.envs.core import make_env
-from labmod.rollout import RolloutEngine, RolloutConfig
-from labmod.webgym.websites import SITES, installed_sites, serve_sites, site_host, page_url, parse_html, url_path
+from labmod.webgym.websites import SITES, installed_sites, serve_sites, page_url, parse_html
 from labmod.webgym.rubric import make_task, bind_task, rubric_facts, compact
-from labmod.webgym.evaluator import PageNavigator, evaluate_rubric, evaluate_evaluator, evaluator_table
+from labmod.webgym.evaluator import (evaluate_rubric, evaluate_evaluator, evaluator_table, hand_labelled, load_labelled_specs,
+                                     HAND_LABELLED_POSITIVE as POSITIVE)
 
 DATA = Path(__file__).parent / "data" / "webgym_labelled"
-FILES = sorted(DATA.glob("*.json"))
-SPECS = [json.loads(p.read_text()) for p in FILES]
+SPECS = load_labelled_specs(DATA)
 NEEDED = sorted({s["task"]["site"] for s in SPECS})
 pytestmark = pytest.mark.skipif(installed_sites(NEEDED) != NEEDED, reason="needs the Debian packages: apt-get install -y "
                                 + " ".join(SITES[n].package for n in NEEDED))
-POSITIVE = {"correct_terse", "correct_prose", "correct_bullets", "correct_reordered", "paraphrased"}
 
 
 @pytest.fixture(scope="module")
@@ -36,36 +32,10 @@ def tasks(sites):
     return [bind_task(make_task(s["task"]["site"], s["task"]["groups"], instruction=s["task"]["instruction"]), sites) for s in SPECS]
 
 
-def _answered(nav: Trajectory, answer: str, category: str) -> Trajectory:
-    "`nav`'s browsing, then the answer turn (on the last page shown)."
-    last = nav.turns[-1].obs if nav.turns else nav.initial_obs
-    act = f"answer({json.dumps(answer)})"
-    return Trajectory(nav.task, nav.initial_obs, list(nav.turns) + [Turn("", act, act, obs=last, done=True, info={"valid": True, "answer": answer})],
-                      metadata={"category": category})
-
-
 @pytest.fixture(scope="module")
-def labelled(tasks, sites):
-    "`(trajectory, label, category)` per record: each distinct page list of a task browsed once in Chromium."
-    browses = [sorted({tuple(r["visited"]) for r in s["records"]}) for s in SPECS]
-    hosts = [site_host(u) for u in sites.values()]
-    navs = {}
-    with RolloutEngine(PageNavigator(), lambda: make_env("web", step_limit=60, allowed_hosts=hosts),
-                       RolloutConfig(max_turns=20, n_envs=2, show_valid_actions=False)) as eng:
-        for r in range(max(map(len, browses))):
-            todo = [(t, b[r]) for t, b in zip(tasks, browses) if r < len(b)]
-            eng.policy = PageNavigator({t.id: list(v) for t, v in todo})
-            for (t, v), g in zip(todo, eng.run([t for t, _ in todo], progress=False)):
-                navs[t.id, v] = g[0]
-    out = []
-    for t, s in zip(tasks, SPECS):
-        for rec in s["records"]:
-            nav = navs[t.id, tuple(rec["visited"])]
-            seen = {url_path(o.data["url"]) for o in nav.observations if o.data and o.data.get("url")}
-            assert set(rec["visited"]) <= seen, f"{t.id}: the navigator did not reach {rec['visited']}"
-            assert rec["label"] == (rec["category"] in POSITIVE), rec
-            out.append((_answered(nav, rec["answer"], rec["category"]), rec["label"], rec["category"]))
-    return out
+def labelled(sites):
+    "`(trajectory, label, category)` per record (`hand_labelled`: each distinct page list of a task browsed once in Chromium)."
+    return hand_labelled(SPECS, sites)
 
 
 def test_labelled_facts_are_on_the_real_pages(tasks, sites):
@@ -84,7 +54,7 @@ def test_precision_recall_on_hand_written_answers(labelled):
     for tr, _, c in labelled:
         print(f"{c:18s} {evaluate_rubric(tr).reward:.0f} {tr.turns[-1].info['answer'][:100]!r}")
     rules = res["judges"]["rubric_rules"]
-    assert res["n"] >= 60 and {c for _, _, c in labelled} >= POSITIVE | {"partial", "wrong_facts", "hallucinated"}
+    assert res["n"] >= 60 and {c for _, _, c in labelled} >= set(POSITIVE) | {"partial", "wrong_facts", "hallucinated"}
     assert not wrong, f"right values on the wrong facts earned the rubric reward: {wrong}"
     # measured: precision 1.00, recall 0.98 (71 answers, 43 correct; before value binding: 0.76 / 0.58, wrong_facts 8 of 10 rewarded)
     assert rules["precision"] >= 0.97 and rules["recall"] >= 0.95, rules

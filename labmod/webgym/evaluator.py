@@ -17,11 +17,12 @@ from .websites import link_path, url_path, site_host
 
 # %% auto #0
 __all__ = ['STOPWORDS', 'GENERIC', 'RUBRIC_JUDGE_PROMPT', 'RUBRIC_INSTRUCTIONS', 'TASK_ONLY_INSTRUCTIONS', 'JUDGES', 'INVENTED',
-           'seen_text', 'trajectory_views', 'RubricVerdict', 'answer_claims', 'contains_phrase', 'is_specific',
-           'specific_tokens', 'hallucinated_claims', 'fact_terms', 'answer_clauses', 'credited_facts',
-           'evaluate_rubric', 'task_only_judge', 'parse_judge_reply', 'judge_messages', 'rubric_llm_judge',
-           'rubric_judge', 'task_only_reward_judge', 'EvalQueue', 'click_toward', 'expert_answer', 'next_web_action',
-           'seen_pages', 'PageNavigator', 'labelled_trajectories', 'evaluate_evaluator', 'evaluator_table']
+           'HAND_LABELLED_DIR', 'HAND_LABELLED_POSITIVE', 'seen_text', 'trajectory_views', 'RubricVerdict',
+           'answer_claims', 'contains_phrase', 'is_specific', 'specific_tokens', 'hallucinated_claims', 'fact_terms',
+           'answer_clauses', 'credited_facts', 'evaluate_rubric', 'task_only_judge', 'parse_judge_reply',
+           'judge_messages', 'llm_judge_verdicts', 'rubric_llm_judge', 'rubric_judge', 'task_only_reward_judge',
+           'EvalQueue', 'click_toward', 'expert_answer', 'next_web_action', 'seen_pages', 'PageNavigator',
+           'labelled_trajectories', 'load_labelled_specs', 'hand_labelled', 'evaluate_evaluator', 'evaluator_table']
 
 # %% ../../nbs/62_webgym_evaluator.ipynb #67e75577
 _QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"')
@@ -300,14 +301,20 @@ def judge_messages(traj: Trajectory, rubric: dict | None, max_chars_per_step: in
                                                 for b in images]
     return [{"role": "user", "content": parts}]
 
-def rubric_llm_judge(lm, traj: Trajectory, rubric: dict | None = None, screenshots: bool = False, max_new_tokens: int = 400, **gen) -> dict:
-    "The LLM judge's verdict on `traj` (rubric-based when `rubric` is given, task-description-only otherwise)."
+def llm_judge_verdicts(lm, trajs: list[Trajectory], rubrics: list[dict | None], screenshots: bool = False,
+                      max_new_tokens: int = 400, **gen) -> list[dict]:
+    "The LLM judge's verdicts on `trajs` in one batched `lm.chat` (each rubric-based, or task-description-only where its rubric is None)."
+    if len(trajs) != len(rubrics): raise ValueError(f"llm_judge_verdicts: {len(trajs)} trajectories but {len(rubrics)} rubrics")
     if screenshots and getattr(lm, "backend", "") != "openai":
         screenshots = False      # the local backends here take text only
-    msgs = judge_messages(traj, rubric, screenshots=screenshots)
-    reply = lm.chat([msgs], max_new_tokens=max_new_tokens, **({"temperature": 0.0} | gen))[0].text
-    out = parse_judge_reply(reply, [f["id"] for f in rubric_facts(rubric)] if rubric else None)
-    return out | {"reply": reply}
+    msgs = [judge_messages(t, r, screenshots=screenshots) for t, r in zip(trajs, rubrics)]
+    replies = [g.text for g in lm.chat(msgs, max_new_tokens=max_new_tokens, **({"temperature": 0.0} | gen))] if msgs else []
+    return [parse_judge_reply(text, [f["id"] for f in rubric_facts(r)] if r else None) | {"reply": text}
+            for text, r in zip(replies, rubrics)]
+
+def rubric_llm_judge(lm, traj: Trajectory, rubric: dict | None = None, screenshots: bool = False, max_new_tokens: int = 400, **gen) -> dict:
+    "The LLM judge's verdict on `traj` (rubric-based when `rubric` is given, task-description-only otherwise)."
+    return llm_judge_verdicts(lm, [traj], [rubric], screenshots, max_new_tokens, **gen)[0]
 
 # %% ../../nbs/62_webgym_evaluator.ipynb #ed2ccf63
 def rubric_judge(traj: Trajectory, penalize_hallucination: bool = True) -> dict:
@@ -456,6 +463,54 @@ def labelled_trajectories(tasks: list[Task], sites: dict[str, str], n_envs: int 
         out += _categories(f[0], s[0], seed=i)
     return out
 
+# %% ../../nbs/62_webgym_evaluator.ipynb #00d6966e
+HAND_LABELLED_DIR = "tests/data/webgym_labelled"     # under the checkout (settings().file's folder)
+HAND_LABELLED_POSITIVE = ("correct_terse", "correct_prose", "correct_bullets", "correct_reordered", "paraphrased")
+
+def load_labelled_specs(path=None, sites: list[str] | None = None) -> list[dict]:
+    "The hand-written labelled tasks (one dict per JSON file, sorted by name), only those on `sites` when given."
+    from pathlib import Path
+    from labmod.lab.settings import settings
+    d = Path(path) if path else settings().file.parent / HAND_LABELLED_DIR
+    files = sorted(d.glob("*.json"))
+    if not files: raise FileNotFoundError(f"no hand-labelled tasks (*.json) in {d}")
+    specs = [json.loads(p.read_text(encoding="utf-8")) | {"file": p.name} for p in files]
+    for s in specs:
+        for r in s["records"]:
+            if r["label"] != (r["category"] in HAND_LABELLED_POSITIVE):
+                raise ValueError(f"{s['file']}: record {r['category']!r} has label {r['label']}; positive categories are {HAND_LABELLED_POSITIVE}")
+    return [s for s in specs if sites is None or s["task"]["site"] in sites]
+
+def _answered(nav: Trajectory, answer: str, category: str) -> Trajectory:
+    "`nav`'s browsing, then the answer turn (on the last page shown)."
+    last = nav.turns[-1].obs if nav.turns else nav.initial_obs
+    act = f"answer({json.dumps(answer)})"
+    return Trajectory(nav.task, nav.initial_obs, list(nav.turns) + [Turn("", act, act, obs=last, done=True, info={"valid": True, "answer": answer})],
+                      metadata={"category": category})
+
+def hand_labelled(specs: list[dict], sites: dict[str, str], n_envs: int = 2) -> list[tuple[Trajectory, int, str]]:
+    "`(trajectory, label, category)` per hand-written record: each distinct page list of a task browsed once in Chromium."
+    from labmod.webgym.rubric import make_task
+    tasks = [bind_task(make_task(s["task"]["site"], s["task"]["groups"], instruction=s["task"]["instruction"]), sites) for s in specs]
+    browses = [sorted({tuple(r["visited"]) for r in s["records"]}) for s in specs]
+    hosts = [site_host(u) for u in sites.values()]
+    navs = {}
+    with RolloutEngine(PageNavigator(), lambda: make_env("web", step_limit=60, allowed_hosts=hosts),
+                       RolloutConfig(max_turns=20, n_envs=n_envs, show_valid_actions=False)) as eng:
+        for r in range(max(map(len, browses), default=0)):
+            todo = [(t, b[r]) for t, b in zip(tasks, browses) if r < len(b)]
+            eng.policy = PageNavigator({t.id: list(v) for t, v in todo})
+            for (t, v), g in zip(todo, eng.run([t for t, _ in todo], progress=False)):
+                navs[t.id, v] = g[0]
+    out = []
+    for t, s in zip(tasks, specs):
+        for rec in s["records"]:
+            nav = navs[t.id, tuple(rec["visited"])]
+            if not set(rec["visited"]) <= _visited(nav):
+                raise RuntimeError(f"{s['file']}: the navigator did not reach {rec['visited']} (it saw {sorted(_visited(nav))})")
+            out.append((_answered(nav, rec["answer"], rec["category"]), int(rec["label"]), rec["category"]))
+    return out
+
 # %% ../../nbs/62_webgym_evaluator.ipynb #f9d68ab0
 def _metrics(pred: list[int], gold: list[int]) -> dict:
     tp = sum(p and g for p, g in zip(pred, gold)); fp = sum(p and not g for p, g in zip(pred, gold))
@@ -465,14 +520,18 @@ def _metrics(pred: list[int], gold: list[int]) -> dict:
             "f1": 2 * prec * rec / (prec + rec) if prec + rec else 0.0, "tp": tp, "fp": fp, "fn": fn, "tn": tn}
 
 def evaluate_evaluator(labelled: list[tuple[Trajectory, int, str]], judges: dict | None = None) -> dict:
-    "Precision/recall/accuracy of each judge on `(trajectory, label, category)` items, and mean reward per category."
+    """Precision/recall/accuracy of each judge on `(trajectory, label, category)` items, and mean reward per category. A judge
+    is a function `(trajectory, rubric) -> reward`, or the list of its rewards in `labelled`'s order (a batched judge run before)."""
     judges = judges or {"rubric_rules": lambda tr, rub: evaluate_rubric(tr, rub).reward,
                         "rubric_rules_strict": lambda tr, rub: evaluate_rubric(tr, rub, specific_only=False).reward,
                         "task_only_rules": task_only_judge}
     gold = [int(l) for _, l, _ in labelled]
     out = {"n": len(labelled), "positives": sum(gold), "judges": {}}
     for name, judge in judges.items():
-        pred = [int(judge(tr, tr.task.rubric) >= 0.5) for tr, _, _ in labelled]
+        if callable(judge): rewards = [judge(tr, tr.task.rubric) for tr, _, _ in labelled]
+        elif len(judge) == len(labelled): rewards = list(judge)
+        else: raise ValueError(f"evaluate_evaluator: judge {name!r} has {len(judge)} rewards for {len(labelled)} labelled items")
+        pred = [int(r >= 0.5) for r in rewards]
         by_cat = collections.defaultdict(list)
         for p, (_, _, c) in zip(pred, labelled): by_cat[c].append(p)
         out["judges"][name] = _metrics(pred, gold) | {"success_rate_by_category": {c: sum(v) / len(v) for c, v in sorted(by_cat.items())}}
