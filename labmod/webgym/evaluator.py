@@ -302,12 +302,12 @@ def judge_messages(traj: Trajectory, rubric: dict | None, max_chars_per_step: in
     return [{"role": "user", "content": parts}]
 
 def llm_judge_verdicts(lm, trajs: list[Trajectory], rubrics: list[dict | None], screenshots: bool = False,
-                      max_new_tokens: int = 400, **gen) -> list[dict]:
+                      max_new_tokens: int = 400, max_chars_per_step: int = 1500, **gen) -> list[dict]:
     "The LLM judge's verdicts on `trajs` in one batched `lm.chat` (each rubric-based, or task-description-only where its rubric is None)."
     if len(trajs) != len(rubrics): raise ValueError(f"llm_judge_verdicts: {len(trajs)} trajectories but {len(rubrics)} rubrics")
     if screenshots and getattr(lm, "backend", "") != "openai":
         screenshots = False      # the local backends here take text only
-    msgs = [judge_messages(t, r, screenshots=screenshots) for t, r in zip(trajs, rubrics)]
+    msgs = [judge_messages(t, r, max_chars_per_step, screenshots=screenshots) for t, r in zip(trajs, rubrics)]
     replies = [g.text for g in lm.chat(msgs, max_new_tokens=max_new_tokens, **({"temperature": 0.0} | gen))] if msgs else []
     return [parse_judge_reply(text, [f["id"] for f in rubric_facts(r)] if r else None) | {"reply": text}
             for text, r in zip(replies, rubrics)]
