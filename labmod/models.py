@@ -12,12 +12,12 @@ from typing import Any
 from .lab.settings import settings
 
 # %% auto #0
-__all__ = ['END_TOKEN', 'PAD_TOKEN', 'ROLE_TOKENS', 'PLAIN_CHAT_TEMPLATE', 'TINY_CONFIG', 'TINY_FORMAT_VERSION', 'LORA_DEFAULT',
-           'SMOLLM2_GGUF', 'UNSLOTH_TARGETS', 'BACKENDS', 'Generation', 'BackendUnavailable', 'render_plain', 'LM',
-           'build_tiny_model', 'tiny_corpus', 'prompt_seeds', 'sample_tokens', 'avoid_cudnn_attention', 'lora_settings',
-           'autocast_for', 'HFLM', 'smollm2_path', 'UnslothOptions', 'UnslothLM', 'VLLMOptions', 'vllm_engine',
-           'VLLMLM', 'OpenAILM', 'ServeOptions', 'VLLMServer', 'vllm_server', 'ServedLM', 'resolve_model_path',
-           'load_lm', 'tiny_causal_lm']
+__all__ = ['END_TOKEN', 'PAD_TOKEN', 'ROLE_TOKENS', 'PLAIN_CHAT_TEMPLATE', 'JSON_SCHEMA_BACKENDS', 'TINY_CONFIG',
+           'TINY_FORMAT_VERSION', 'LORA_DEFAULT', 'SMOLLM2_GGUF', 'UNSLOTH_TARGETS', 'STRUCTURED_OUTPUTS', 'BACKENDS',
+           'Generation', 'BackendUnavailable', 'render_plain', 'LM', 'refuse_json_schema', 'build_tiny_model',
+           'tiny_corpus', 'prompt_seeds', 'sample_tokens', 'avoid_cudnn_attention', 'lora_settings', 'autocast_for',
+           'HFLM', 'smollm2_path', 'UnslothOptions', 'UnslothLM', 'VLLMOptions', 'vllm_engine', 'VLLMLM', 'OpenAILM',
+           'ServeOptions', 'VLLMServer', 'vllm_server', 'ServedLM', 'resolve_model_path', 'load_lm', 'tiny_causal_lm']
 
 # %% ../nbs/20_models.ipynb #ad7f06e9
 @dataclass
@@ -62,7 +62,8 @@ class LM:
         return list(tok(text, add_special_tokens=False)["input_ids"])
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int = 128, temperature: float = 1.0, top_p: float = 1.0,
-                 stop: list[str] | None = None, seed: int | None = None) -> list[Generation]:
+                 stop: list[str] | None = None, seed: int | None = None, json_schema: dict | None = None) -> list[Generation]:
+        "One completion per prompt; `json_schema`: decode only text that is JSON valid against it (the vLLM and OpenAI backends)."
         raise NotImplementedError
 
     def chat(self, messages_batch: list[list[dict]], **gen) -> list[Generation]:
@@ -76,6 +77,14 @@ class LM:
         "Release what this LM holds beyond its Python objects (a shared generation engine); a no-op for most backends."
 
     def __repr__(self): return f"{type(self).__name__}(name={self.name!r}, backend={self.backend!r}, device={self.device!r})"
+
+JSON_SCHEMA_BACKENDS = ("vllm", "vllm-serve", "openai")   # the backends whose decoding a JSON schema can constrain
+
+def refuse_json_schema(lm: LM, json_schema: dict | None) -> None:
+    "Raise when `json_schema` is asked of a backend that cannot constrain its decoding to a schema."
+    if json_schema is not None:
+        raise BackendUnavailable(f"the {lm.backend} backend cannot constrain decoding to a JSON schema: use one of "
+                                 f"{', '.join(JSON_SCHEMA_BACKENDS)} (vLLM's structured outputs), or pass json_schema=None")
 
 # %% ../nbs/20_models.ipynb #253d5800
 TINY_CONFIG = dict(vocab_size=2048, hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
@@ -343,7 +352,8 @@ class HFLM(LM):
         self.model = (_apply_lora(model, self.lora) if self.lora else model).to(self.device)
         if self.compute_dtype != torch.float32: self.model.labmod_autocast = self.compute_dtype
 
-    def generate(self, prompts, max_new_tokens=128, temperature=1.0, top_p=1.0, stop=None, seed=None):
+    def generate(self, prompts, max_new_tokens=128, temperature=1.0, top_p=1.0, stop=None, seed=None, json_schema=None):
+        refuse_json_schema(self, json_schema)
         with autocast_for(self.model):
             return sample_tokens(self.model, self.tokenizer, prompts, max_new_tokens, temperature, top_p, stop, seed)
 
@@ -419,7 +429,8 @@ class UnslothLM(HFLM):
                 use_gradient_checkpointing=opts.gradient_checkpointing)
         self.model, self.tokenizer, self._fast = model, tok, FastLanguageModel
 
-    def generate(self, prompts, max_new_tokens=128, temperature=1.0, top_p=1.0, stop=None, seed=None):
+    def generate(self, prompts, max_new_tokens=128, temperature=1.0, top_p=1.0, stop=None, seed=None, json_schema=None):
+        refuse_json_schema(self, json_schema)
         self._fast.for_inference(self.model)       # Unsloth's inference kernels; back to training mode afterwards
         try: return sample_tokens(self.model, self.tokenizer, prompts, max_new_tokens, temperature, top_p, stop, seed)
         finally: self._fast.for_training(self.model)
@@ -446,6 +457,10 @@ def _restore_rng(states):
     import numpy as np, torch
     random.setstate(states[0]); np.random.set_state(states[1]); torch.set_rng_state(states[2])
 
+# decoding constrained to a JSON schema (`generate(json_schema=...)`) by xgrammar, with no free whitespace between
+# tokens: a small model otherwise spends its whole budget on newlines inside the object (vLLM sets this per engine)
+STRUCTURED_OUTPUTS = {"backend": "xgrammar", "disable_any_whitespace": True}
+
 def vllm_engine(path, dtype: str, on_cpu: bool, opts: VLLMOptions, lora: bool, seed: int = 0) -> dict:
     "The process's engine for this model and options (built on first use, then shared); the record's `users` counts its LMs."
     key = (str(path), dtype, on_cpu, opts, lora)
@@ -463,6 +478,7 @@ def vllm_engine(path, dtype: str, on_cpu: bool, opts: VLLMOptions, lora: bool, s
     else: kw["gpu_memory_utilization"] = opts.gpu_memory_utilization
     if (block := opts.block_size or (32 if on_cpu else None)): kw["block_size"] = block
     if lora: kw.update(enable_lora=True, max_lora_rank=opts.max_lora_rank, max_loras=2)
+    kw["structured_outputs_config"] = STRUCTURED_OUTPUTS
     states, mp = _rng_states(), os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"]
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process else "1"
     import vllm.envs
@@ -519,11 +535,13 @@ def _step_tokens(engine) -> int:
     try: return int(engine.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens)
     except AttributeError: return 2048   # an older layout: a conservative step
 
-def _vllm_generate(self, prompts, max_new_tokens=128, temperature=1.0, top_p=1.0, stop=None, seed=None):
+def _vllm_generate(self, prompts, max_new_tokens=128, temperature=1.0, top_p=1.0, stop=None, seed=None, json_schema=None):
     from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+    structured = None if json_schema is None else StructuredOutputsParams(json=json_schema)
     def params(i, seeded):
         return SamplingParams(max_tokens=max_new_tokens, temperature=temperature, top_p=top_p, stop=stop or None, logprobs=0,
-                              include_stop_str_in_output=True, seed=seeds[i] if seeded else None)
+                              include_stop_str_in_output=True, seed=seeds[i] if seeded else None, structured_outputs=structured)
     seeds = prompt_seeds(seed, len(prompts))
     # LMs of one model share its engine; each LoRA LM has its own adapter there, but full weights are one copy: an LM
     # whose weights another LM's sync replaced loads its own again before it samples (never the other's, silently)
@@ -620,28 +638,30 @@ class OpenAILM(LM):
         reason = "length" if choice.get("finish_reason") == "length" else "stop"
         return Generation(text or "", ids, lps, prompt_ids, reason)
 
-    def _gen_kw(self, max_new_tokens, temperature, top_p, stop, seed):
+    def _gen_kw(self, max_new_tokens, temperature, top_p, stop, seed, json_schema=None):
         kw = {"model": self.name, "max_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p}
         if stop: kw["stop"] = stop
         if seed is not None: kw["seed"] = seed
+        if json_schema is not None:   # OpenAI's structured outputs (vLLM's server takes the same field)
+            kw["response_format"] = {"type": "json_schema", "json_schema": {"name": "reply", "schema": json_schema}}
         return kw
 
-    def chat(self, messages_batch, max_new_tokens=128, temperature=1.0, top_p=1.0, stop=None, seed=None):
+    def chat(self, messages_batch, max_new_tokens=128, temperature=1.0, top_p=1.0, stop=None, seed=None, json_schema=None):
         seeds = prompt_seeds(seed, len(messages_batch))
         def one(i, msgs):
-            body = {**self._gen_kw(max_new_tokens, temperature, top_p, stop, seeds[i]), "messages": msgs}
+            body = {**self._gen_kw(max_new_tokens, temperature, top_p, stop, seeds[i], json_schema), "messages": msgs}
             if self.want_logprobs: body["logprobs"] = True
             ch = self._post("chat/completions", body)["choices"][0]
             return self._to_generation(ch, (ch.get("message") or {}).get("content"), [])
         with ThreadPoolExecutor(min(self.max_workers, max(1, len(messages_batch)))) as ex:
             return list(ex.map(one, range(len(messages_batch)), messages_batch))
 
-    def generate(self, prompts, max_new_tokens=128, temperature=1.0, top_p=1.0, stop=None, seed=None):
+    def generate(self, prompts, max_new_tokens=128, temperature=1.0, top_p=1.0, stop=None, seed=None, json_schema=None):
         if any(not isinstance(p, str) for p in prompts):
             raise BackendUnavailable("the openai backend has no local tokenizer: pass chat messages to chat(), or plain-string prompts to generate()")
         seeds = prompt_seeds(seed, len(prompts))
         def one(i, prompt):
-            body = {**self._gen_kw(max_new_tokens, temperature, top_p, stop, seeds[i]), "prompt": prompt}
+            body = {**self._gen_kw(max_new_tokens, temperature, top_p, stop, seeds[i], json_schema), "prompt": prompt}
             if self.want_logprobs: body["logprobs"] = 1
             ch = self._post("completions", body)["choices"][0]
             lp = ch.get("logprobs") or {}
@@ -710,6 +730,7 @@ class VLLMServer:
         if on_cpu: self.command += ["--enforce-eager", "--block-size", "32"]
         else: self.command += ["--gpu-memory-utilization", str(opts.gpu_memory_utilization)]
         if lora: self.command += ["--enable-lora", "--max-lora-rank", str(opts.max_lora_rank), "--max-loras", "2"]
+        self.command += ["--structured-outputs-config", json.dumps(STRUCTURED_OUTPUTS)]
         self.env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "VLLM_SERVER_DEV_MODE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
         if on_cpu: self.env["VLLM_CPU_KVCACHE_SPACE"] = f"{opts.kv_cache_gib:g}"
         self._own_log = log_path is None
@@ -836,7 +857,7 @@ class ServedLM(LM):
             if self._record: self._record["owner"] = weakref.ref(self)   # whose full weights the shared server holds now
         self._call("POST", "/reset_prefix_cache", {})
 
-    def generate(self, prompts, max_new_tokens=128, temperature=1.0, top_p=1.0, stop=None, seed=None):
+    def generate(self, prompts, max_new_tokens=128, temperature=1.0, top_p=1.0, stop=None, seed=None, json_schema=None):
         # LMs of one model share this process's server: an LM whose full weights another LM's push replaced loads its own first
         if self.lora is None and self._record and (o := self._record["owner"]) is not None and o() is not self: self.sync_weights()
         def one(i, p):
@@ -844,6 +865,7 @@ class ServedLM(LM):
                     "top_p": top_p, "logprobs": 0, "return_token_ids": True, "include_stop_str_in_output": True}
             if stop: body["stop"] = list(stop)
             if seeds[i] is not None: body["seed"] = seeds[i]
+            if json_schema is not None: body["structured_outputs"] = {"json": json_schema}
             ch = json.loads(self._call("POST", "/v1/completions", body)[1])["choices"][0]
             ids = [int(t) for t in ch.get("token_ids") or []]
             lps = [float(x) for x in ((ch.get("logprobs") or {}).get("token_logprobs") or [])]

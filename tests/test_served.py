@@ -2,7 +2,8 @@
 samples for a trainer in this one, and every optimizer step's weights reach it before the next rollout: the LoRA
 adapter through /v1/load_lora_adapter, full weights through the engine's reload_weights. Checked by the numbers: the
 server's log-probs of the tokens it sampled equal the trainer's own (before and after a pushed update, which moves
-them), and in a training run the gap between sampler and trainer stays ~0 after every update."""
+them), and in a training run the gap between sampler and trainer stays ~0 after every update. Decoding constrained to a
+JSON schema reaches the server through both clients (the trainer's completions and the openai backend's chat)."""
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ import torch
 pytest.importorskip("vllm")
 from labmod.agent import Agent  # noqa: E402
 from labmod.envs.core import list_tasks, make_env  # noqa: E402
-from labmod.models import _SERVERS, load_lm  # noqa: E402
+from labmod.models import _SERVERS, OpenAILM, load_lm  # noqa: E402
 from labmod.rl import GRPOConfig, RunConfig, RunHooks, RunTasks, WarmStart, train  # noqa: E402
 from labmod.rl.losses import token_logprobs  # noqa: E402
 
@@ -47,6 +48,17 @@ def lora_lm():
 
 def test_the_server_follows_the_trainer_lora(lora_lm):
     follows(lora_lm, True)
+
+
+def test_a_json_schema_constrains_the_served_replies(lora_lm, verdict_schema):
+    schema, ok = verdict_schema
+    prompt = lora_lm.encode_prompt(PROMPT)
+    free = lora_lm.generate([prompt] * 6, max_new_tokens=40, seed=0)
+    held = lora_lm.generate([prompt] * 6, max_new_tokens=40, seed=0, json_schema=schema)
+    chat = OpenAILM(lora_lm.model_name, base_url=lora_lm.base_url + "/v1").chat([PROMPT] * 4, max_new_tokens=40, json_schema=schema)
+    print([g.text for g in held + chat])
+    assert not any(ok(g.text) for g in free), "the tiny model writes the verdict unprompted: the checks below would prove nothing"
+    assert all(ok(g.text) for g in held + chat), [g.text for g in held + chat]
 
 
 def test_the_server_follows_the_trainer_full():

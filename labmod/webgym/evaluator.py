@@ -20,9 +20,10 @@ __all__ = ['STOPWORDS', 'GENERIC', 'RUBRIC_JUDGE_PROMPT', 'RUBRIC_INSTRUCTIONS',
            'HAND_LABELLED_DIR', 'HAND_LABELLED_POSITIVE', 'seen_text', 'trajectory_views', 'RubricVerdict',
            'answer_claims', 'contains_phrase', 'is_specific', 'specific_tokens', 'hallucinated_claims', 'fact_terms',
            'answer_clauses', 'credited_facts', 'evaluate_rubric', 'task_only_judge', 'parse_judge_reply',
-           'judge_messages', 'llm_judge_verdicts', 'rubric_llm_judge', 'rubric_judge', 'task_only_reward_judge',
-           'EvalQueue', 'click_toward', 'expert_answer', 'next_web_action', 'seen_pages', 'PageNavigator',
-           'labelled_trajectories', 'load_labelled_specs', 'hand_labelled', 'evaluate_evaluator', 'evaluator_table']
+           'judge_messages', 'judge_schema', 'llm_judge_verdicts', 'rubric_llm_judge', 'rubric_judge',
+           'task_only_reward_judge', 'EvalQueue', 'click_toward', 'expert_answer', 'next_web_action', 'seen_pages',
+           'PageNavigator', 'labelled_trajectories', 'load_labelled_specs', 'hand_labelled', 'evaluate_evaluator',
+           'evaluator_table']
 
 # %% ../../nbs/62_webgym_evaluator.ipynb #67e75577
 _QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"')
@@ -301,16 +302,40 @@ def judge_messages(traj: Trajectory, rubric: dict | None, max_chars_per_step: in
                                                 for b in images]
     return [{"role": "user", "content": parts}]
 
+def judge_schema(fact_ids: list[str] | None, n_steps: int) -> dict:
+    """The JSON schema of the verdict the instructions ask for, over a trajectory of `n_steps` steps: every criterion once,
+    in order, each with a yes/no verdict and a step (or null); `fact_ids=None`: the task-only verdict."""
+    yn = {"enum": ["yes", "no"]}
+    if fact_ids is None: return {"type": "object", "properties": {"success": yn}, "required": ["success"], "additionalProperties": False}
+    step = {"type": "integer", "minimum": 0, "maximum": max(n_steps - 1, 0)}
+    facts = [{"type": "object", "properties": {"id": {"const": i}, "verdict": yn, "step": {"anyOf": [step, {"type": "null"}]}},
+              "required": ["id", "verdict", "step"], "additionalProperties": False} for i in fact_ids]
+    return {"type": "object", "properties": {"facts": {"type": "array", "prefixItems": facts, "items": False, "minItems": len(facts)},
+                                             "hallucination": yn, "keypoints": {"type": "array", "items": step, "maxItems": 8}},
+            "required": ["facts", "hallucination", "keypoints"], "additionalProperties": False}
+
 def llm_judge_verdicts(lm, trajs: list[Trajectory], rubrics: list[dict | None], screenshots: bool = False,
-                      max_new_tokens: int = 400, max_chars_per_step: int = 1500, **gen) -> list[dict]:
-    "The LLM judge's verdicts on `trajs` in one batched `lm.chat` (each rubric-based, or task-description-only where its rubric is None)."
+                      max_new_tokens: int = 400, max_chars_per_step: int = 1500, constrained: bool = False, **gen) -> list[dict]:
+    """The LLM judge's verdicts on `trajs` in batched `lm.chat` calls (each rubric-based, or task-description-only where its
+    rubric is None); `constrained`: the judge can only write a verdict valid against `judge_schema` (vLLM's structured
+    outputs: the vllm, vllm-serve and openai backends), one call per schema."""
     if len(trajs) != len(rubrics): raise ValueError(f"llm_judge_verdicts: {len(trajs)} trajectories but {len(rubrics)} rubrics")
     if screenshots and getattr(lm, "backend", "") != "openai":
         screenshots = False      # the local backends here take text only
     msgs = [judge_messages(t, r, max_chars_per_step, screenshots=screenshots) for t, r in zip(trajs, rubrics)]
-    replies = [g.text for g in lm.chat(msgs, max_new_tokens=max_new_tokens, **({"temperature": 0.0} | gen))] if msgs else []
-    return [parse_judge_reply(text, [f["id"] for f in rubric_facts(r)] if r else None) | {"reply": text}
-            for text, r in zip(replies, rubrics)]
+    ids = [[f["id"] for f in rubric_facts(r)] if r else None for r in rubrics]
+    gen = {"temperature": 0.0} | gen
+    if not constrained: groups = {None: list(range(len(msgs)))}
+    else:
+        groups = {}
+        for i, (t, fid) in enumerate(zip(trajs, ids)):
+            groups.setdefault(json.dumps(judge_schema(fid, len(trajectory_views(t)[0]))), []).append(i)
+    replies = [""] * len(msgs)
+    for schema, idx in groups.items():
+        if not idx: continue
+        js = {"json_schema": json.loads(schema)} if schema is not None else {}
+        for i, g in zip(idx, lm.chat([msgs[i] for i in idx], max_new_tokens=max_new_tokens, **gen, **js)): replies[i] = g.text
+    return [parse_judge_reply(text, fid) | {"reply": text} for text, fid in zip(replies, ids)]
 
 def rubric_llm_judge(lm, traj: Trajectory, rubric: dict | None = None, screenshots: bool = False, max_new_tokens: int = 400, **gen) -> dict:
     "The LLM judge's verdict on `traj` (rubric-based when `rubric` is given, task-description-only otherwise)."
