@@ -325,14 +325,13 @@ def llm_judge_verdicts(lm, trajs: list[Trajectory], rubrics: list[dict | None], 
     msgs = [judge_messages(t, r, max_chars_per_step, screenshots=screenshots) for t, r in zip(trajs, rubrics)]
     ids = [[f["id"] for f in rubric_facts(r)] if r else None for r in rubrics]
     gen = {"temperature": 0.0} | gen
-    if not constrained: groups = {None: list(range(len(msgs)))}
+    if not constrained: groups = {None: list(range(len(msgs)))} if msgs else {}
     else:
         groups = {}
         for i, (t, fid) in enumerate(zip(trajs, ids)):
             groups.setdefault(json.dumps(judge_schema(fid, len(trajectory_views(t)[0]))), []).append(i)
     replies = [""] * len(msgs)
     for schema, idx in groups.items():
-        if not idx: continue
         js = {"json_schema": json.loads(schema)} if schema is not None else {}
         for i, g in zip(idx, lm.chat([msgs[i] for i in idx], max_new_tokens=max_new_tokens, **gen, **js)): replies[i] = g.text
     return [parse_judge_reply(text, fid) | {"reply": text} for text, fid in zip(replies, ids)]
