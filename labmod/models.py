@@ -16,8 +16,9 @@ __all__ = ['END_TOKEN', 'PAD_TOKEN', 'ROLE_TOKENS', 'PLAIN_CHAT_TEMPLATE', 'JSON
            'TINY_FORMAT_VERSION', 'LORA_DEFAULT', 'SMOLLM2_GGUF', 'UNSLOTH_TARGETS', 'STRUCTURED_OUTPUTS', 'BACKENDS',
            'Generation', 'BackendUnavailable', 'render_plain', 'LM', 'refuse_json_schema', 'build_tiny_model',
            'tiny_corpus', 'prompt_seeds', 'sample_tokens', 'avoid_cudnn_attention', 'lora_settings', 'autocast_for',
-           'HFLM', 'smollm2_path', 'UnslothOptions', 'UnslothLM', 'VLLMOptions', 'vllm_engine', 'VLLMLM', 'OpenAILM',
-           'ServeOptions', 'VLLMServer', 'vllm_server', 'ServedLM', 'resolve_model_path', 'load_lm', 'tiny_causal_lm']
+           'HFLM', 'score_continuations', 'smollm2_path', 'UnslothOptions', 'UnslothLM', 'VLLMOptions', 'vllm_engine',
+           'VLLMLM', 'OpenAILM', 'ServeOptions', 'VLLMServer', 'vllm_server', 'ServedLM', 'resolve_model_path',
+           'load_lm', 'tiny_causal_lm']
 
 # %% ../nbs/20_models.ipynb #ad7f06e9
 @dataclass
@@ -356,6 +357,38 @@ class HFLM(LM):
         refuse_json_schema(self, json_schema)
         with autocast_for(self.model):
             return sample_tokens(self.model, self.tokenizer, prompts, max_new_tokens, temperature, top_p, stop, seed)
+
+# %% ../nbs/20_models.ipynb #1c98c273
+def score_continuations(lm: LM, prompt_ids: list[int], continuations: list[list[int]], chunk: int = 32) -> list[float]:
+    "Summed log p(continuation | prompt) of each continuation (token ids), in eval mode, the prompt encoded once."
+    import copy, torch
+    model = getattr(lm, "model", None)
+    if model is None:
+        raise BackendUnavailable(f"the {lm.backend} backend has no local model to score continuations with: "
+                                 "use a local backend (hf, unsloth, vllm, vllm-serve)")
+    if not prompt_ids: raise ValueError("score_continuations needs a non-empty prompt")
+    if any(len(c) == 0 for c in continuations): raise ValueError("score_continuations: an empty continuation has no tokens to score")
+    if not continuations: return []
+    dev, was = next(model.parameters()).device, model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = model(input_ids=torch.tensor([list(prompt_ids)], device=dev), use_cache=True)
+            first = torch.log_softmax(out.logits[0, -1].float(), -1)
+            scores = []
+            for i in range(0, len(continuations), chunk):
+                cs = [list(c) for c in continuations[i:i + chunk]]
+                B, L = len(cs), max(map(len, cs))
+                ids = torch.tensor([c + [0] * (L - len(c)) for c in cs], device=dev)
+                mask = torch.tensor([[1] * len(c) + [0] * (L - len(c)) for c in cs], device=dev)
+                cache = copy.deepcopy(out.past_key_values); cache.batch_repeat_interleave(B)
+                attn = torch.cat([torch.ones(B, len(prompt_ids), dtype=torch.long, device=dev), mask], 1)
+                o = model(input_ids=ids, attention_mask=attn, past_key_values=cache, use_cache=False)
+                rest = torch.log_softmax(o.logits[:, :-1].float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1) * mask[:, 1:]
+                scores += (first[ids[:, 0]] + rest.sum(1)).tolist()
+        return scores
+    finally: model.train(was)
+
 
 # %% ../nbs/20_models.ipynb #26a042d7
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"

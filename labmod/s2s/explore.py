@@ -4,14 +4,14 @@
 
 # %% ../../nbs/40_s2s_explore.ipynb #f8a6cb15
 from __future__ import annotations
-import copy, random
+import copy, math, random
 from dataclasses import dataclass
 from typing import Any, Callable
 from ..core import Task, Trajectory
 from ..envs.core import Env, SharedEnvs, env_factory
 from ..agent import AgentState, Decision, Policy, PromptFormat, ScriptedPolicy
 from ..rollout import RolloutEngine, RolloutConfig
-from ..models import prompt_seeds
+from ..models import prompt_seeds, score_continuations
 
 # %% auto #0
 __all__ = ['MULTIWORD_VERBS', 'VERB_GROUPS', 'DEFAULT_VERB_WEIGHTS', 'EXPLORE_WORDS', 'EXPLORATION_INSTRUCTION',
@@ -140,26 +140,36 @@ EXPLORATION_FORMAT = ExplorationFormat()
 # %% ../../nbs/40_s2s_explore.ipynb #90e333e2
 @dataclass
 class LLMExplorer(Policy):
-    "Actions from an LM with an exploration prompt; a random admissible action when its output is unusable (`info['fallback']`)."
+    """Actions from an LM with an exploration prompt. `mode="generate"`: the LM writes an answer (any backend); an unusable
+    one becomes a random admissible action (`info['fallback']`). `mode="score"`: the LM ranks the admissible actions by
+    the log-probability of answering each, and one is sampled from their softmax at `temperature` (local backends)."""
     lm: Any
     format: PromptFormat = EXPLORATION_FORMAT
     max_new_tokens: int = 96
     temperature: float = 1.0
     history_k: int = 3
-    seed: int = 0                 # the fallbacks' random choices
+    seed: int = 0                 # the fallbacks' random choices and the score mode's draws
+    mode: str = "generate"        # "generate" (the LM writes the action) | "score" (the LM ranks the admissible actions)
     strategy = "llm"
 
+    def __post_init__(self):
+        if self.mode not in ("generate", "score"): raise ValueError(f"LLMExplorer.mode must be 'generate' or 'score', got {self.mode!r}")
+        if self.mode == "score" and self.temperature <= 0: raise ValueError("LLMExplorer(mode='score') samples: temperature must be > 0")
+
     @property
-    def name(self) -> str: return f"llm:{getattr(self.lm, 'name', type(self.lm).__name__)}"
+    def name(self) -> str: return f"llm:{getattr(self.lm, 'name', type(self.lm).__name__)}{'-score' if self.mode == 'score' else ''}"
 
     def decide(self, states: list[AgentState], seed: int | None = None) -> list[Decision]:
-        "One batched `lm.chat` over the states that have something to do; the others stop."
+        "One decision per state that has something to do (one batched `lm.chat`, or one scoring pass per state); the others stop."
         acts = [candidate_actions(s) for s in states]
         ask = [i for i, a in enumerate(acts) if a]
         seeds = prompt_seeds(seed, len(states))
+        out = [Decision(stop=True) for _ in states]
+        if self.mode == "score":
+            for i in ask: out[i] = self._ranked(states[i], acts[i], seeds[i])
+            return out
         gens = self.lm.chat([self.format.messages(states[i], self.history_k) for i in ask], max_new_tokens=self.max_new_tokens,
                             temperature=self.temperature, stop=["</action>"], seed=None if seed is None else [seeds[i] for i in ask]) if ask else []
-        out = [Decision(stop=True) for _ in states]
         for i, g in zip(ask, gens):
             s, p = states[i], self.format.parse(g.text, acts[i])
             fallback = p.action is None or not p.in_valid_actions
@@ -167,6 +177,18 @@ class LLMExplorer(Policy):
             out[i] = Decision(g.text, action, info={"fallback": fallback, "valid_format": p.valid_format,
                                                      "format_error": p.error, "policy": self.name})
         return out
+
+    def _ranked(self, s: AgentState, actions: list[str], seed) -> Decision:
+        "The admissible action drawn from softmax(log p(answer) / temperature), the answer being the format's demo of it."
+        prompt = self.lm.encode_prompt(self.format.messages(s, self.history_k))
+        demos = [self.format.demo(a, s) for a in actions]
+        scores = score_continuations(self.lm, prompt, [self.lm.tokenizer(d, add_special_tokens=False).input_ids for d in demos])
+        top = max(scores)
+        w = [math.exp((x - top) / self.temperature) for x in scores]
+        k = random.Random(f"{self.seed}|{seed}|{s.episode}|{s.step}").choices(range(len(actions)), weights=w, k=1)[0]
+        return Decision(demos[k], actions[k], info={"fallback": False, "valid_format": True, "format_error": None, "policy": self.name,
+                                                    "p_action": w[k] / sum(w), "n_candidates": len(actions)})
+
 
 # %% ../../nbs/40_s2s_explore.ipynb #e2be8191
 def fallback_rate(trajectories: list[Trajectory]) -> float:
