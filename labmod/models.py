@@ -358,7 +358,7 @@ class HFLM(LM):
         with autocast_for(self.model):
             return sample_tokens(self.model, self.tokenizer, prompts, max_new_tokens, temperature, top_p, stop, seed)
 
-# %% ../nbs/20_models.ipynb #f9c38670
+# %% ../nbs/20_models.ipynb #79b69092
 def score_continuations(lm: LM, prompt_ids: list[int], continuations: list[list[int]], chunk: int = 32) -> list[float]:
     "Summed log p(continuation | prompt) of each continuation (token ids), in eval mode, the prompt encoded once."
     import copy, torch
