@@ -74,3 +74,12 @@ def test_no_public_function_over_eight_parameters():
     offenders = [f"{m}.{f} (line {ln}): {len(ps)} parameters" for m, t in modules()
                  for f, ln, ps in _public_functions(t) if len(ps) > MAX_PARAMS]
     assert not offenders, "group these parameters into configuration dataclasses:\n  " + "\n  ".join(offenders)
+
+
+def test_every_notebook_cell_has_an_id():
+    """nbdev-export names each exported cell by its id; a cell without one gets a new random id per export, so `labmod/`
+    would differ from what the notebooks export in every fresh clone (make test's export check)."""
+    import json
+    missing = [f"{p.relative_to(PKG.parent)} cell {i}" for p in sorted((PKG.parent / "nbs").rglob("*.ipynb")) if ".ipynb_checkpoints" not in p.parts
+               for i, c in enumerate(json.loads(p.read_text())["cells"]) if not c.get("id")]
+    assert not missing, f"give these cells an id (open and save the notebook in JupyterLab, or add one): {missing}"
