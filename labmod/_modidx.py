@@ -1352,6 +1352,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                      'labmod.s2s.pipeline._stage_store': ('s2s_pipeline.html#_stage_store', 'labmod/s2s/pipeline.py'),
                                      'labmod.s2s.pipeline.build_state_reaching_tasks': ( 's2s_pipeline.html#build_state_reaching_tasks',
                                                                                          'labmod/s2s/pipeline.py'),
+                                     'labmod.s2s.pipeline.check_target_budget': ( 's2s_pipeline.html#check_target_budget',
+                                                                                  'labmod/s2s/pipeline.py'),
                                      'labmod.s2s.pipeline.evaluate_on': ('s2s_pipeline.html#evaluate_on', 'labmod/s2s/pipeline.py'),
                                      'labmod.s2s.pipeline.run_pipeline': ('s2s_pipeline.html#run_pipeline', 'labmod/s2s/pipeline.py'),
                                      'labmod.s2s.pipeline.s2s_stage': ('s2s_pipeline.html#s2s_stage', 'labmod/s2s/pipeline.py'),

@@ -10,7 +10,7 @@ from typing import Callable
 import torch
 from ..core import Task
 from ..envs.core import Env, SharedEnvs, env_factory
-from ..agent import Agent
+from ..agent import Agent, AgentState
 from ..models import load_lm
 from ..rollout import RolloutEngine, RolloutConfig
 from ..rl.config import GRPOConfig, GiGPOConfig, RunConfig, WarmStart
@@ -21,8 +21,8 @@ from .tasks import S2SBuildConfig, S2SDataset, build_s2s_dataset
 from .verify import StateReachingEnv, STATE_REACHING_FORMAT
 
 # %% auto #0
-__all__ = ['STAGES', 'build_state_reaching_tasks', 's2s_stage', 'task_rl_stage', 'sft_stage', 'HeldOutConfig', 'evaluate_on',
-           'PipelineConfig', 'PipelineTasks', 'run_pipeline', 'spread', 'Recipe']
+__all__ = ['STAGES', 'build_state_reaching_tasks', 'check_target_budget', 's2s_stage', 'task_rl_stage', 'sft_stage',
+           'HeldOutConfig', 'evaluate_on', 'PipelineConfig', 'PipelineTasks', 'run_pipeline', 'spread', 'Recipe']
 
 # %% ../../nbs/43_s2s_pipeline.ipynb #b7c2fe97
 def build_state_reaching_tasks(env_name: str, source_tasks: list[Task], explorer=None, explore_cfg: ExploreConfig | None = None,
@@ -35,6 +35,22 @@ def build_state_reaching_tasks(env_name: str, source_tasks: list[Task], explorer
     trajs = explore(env_name, source_tasks, explorer or RandomExplorer(), explore_cfg, store=store, envs=make)
     return build_s2s_dataset(env_name, trajs, build, envs=make, progress=explore_cfg.progress)
 
+# %% ../../nbs/43_s2s_pipeline.ipynb #b8e4d3f2
+def check_target_budget(agent: Agent, tasks: list[Task]) -> None:
+    "Raise if a state-reaching target's recorded path needs an action longer than `agent.max_new_tokens` (in `agent.format`)."
+    tok, longest, bad = agent.lm.tokenizer, (0, ""), 0
+    for t in tasks:
+        s = AgentState(observation="", target=t.target)
+        n = max(((len(tok(agent.format.demo(a, s), add_special_tokens=False).input_ids), a) for a in t.metadata.get("prefix_actions", [])),
+                default=(0, ""))
+        bad += n[0] > agent.max_new_tokens
+        longest = max(longest, n)
+    if bad:
+        raise ValueError(f"{bad} of {len(tasks)} state-reaching targets are reached by an action longer than the agent's "
+                         f"max_new_tokens={agent.max_new_tokens} (longest {longest[0]} tokens: {longest[1]!r}), so the policy could "
+                         f"never reach them the way the explorer did: build the Agent with max_new_tokens >= {longest[0]}")
+
+
 # %% ../../nbs/43_s2s_pipeline.ipynb #e8bcce1f
 def s2s_stage(agent: Agent, dataset: S2SDataset, make: Callable[[], Env], cfg: RunConfig, store=None) -> dict:
     "State2State GRPO on `dataset`'s train targets, evaluated on its validation targets; `cfg.keep` says which weights stay."
@@ -42,6 +58,7 @@ def s2s_stage(agent: Agent, dataset: S2SDataset, make: Callable[[], Env], cfg: R
         raise ValueError(f"the s2s stage needs train and validation targets, got {len(dataset.tasks_train)} and "
                          f"{len(dataset.tasks_val)}: explore more (tasks or steps) or raise S2SBuildConfig.n_targets / val_size")
     sr_agent = dataclasses.replace(agent, format=STATE_REACHING_FORMAT)
+    check_target_budget(sr_agent, dataset.tasks_train + dataset.tasks_val)
     envs = lambda: StateReachingEnv(make(), max_steps=cfg.max_turns)
     return train(sr_agent, envs, RunTasks(dataset.tasks_train, {"state_reaching": dataset.tasks_val}), cfg, store=store)
 
