@@ -14,7 +14,8 @@ from .store import RunStore, read_jsonl
 
 # %% auto #0
 __all__ = ['VERDICTS', 'RUN_MARKER', 'atomic_write_text', 'read_json', 't_quantile_975', 'mean_ci', 'fmt_ci', 'wilson_interval',
-           'summarize_reading', 'verdict', 'format_reading', 'Run', 'apply_verdicts', 'recorded_readings', 'start_run']
+           'summarize_reading', 'verdict', 'format_reading', 'Run', 'apply_verdicts', 'recorded_readings',
+           'newcombe_interval', 'aa_agreement', 'start_run']
 
 # %% ../../nbs/90_experiment.ipynb #b79c9738
 def atomic_write_text(path: Path | str, text: str) -> Path:
@@ -264,6 +265,47 @@ def check(self: Run, name: str, ok: bool, detail: str, blocks: list[str] | tuple
     self.store.append("checks", [rec])
     if not ok: print(f"[labmod] check failed: {name}: {detail}" + (f" (blocks {', '.join(blocks)})" if blocks else ""))
     return bool(ok)
+
+# %% ../../nbs/90_experiment.ipynb #a4a0c1e2
+def newcombe_interval(p1: float, n1: int, p2: float, n2: int) -> tuple[float, float]:
+    "95% interval of the difference `p1 - p2` of two independent success rates (Newcombe's hybrid score method)."
+    (l1, u1), (l2, u2), d = wilson_interval(p1, n1), wilson_interval(p2, n2), p1 - p2
+    return d - math.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2), d + math.sqrt((u1 - p1) ** 2 + (p2 - l2) ** 2)
+
+def aa_agreement(a: dict, b: dict) -> tuple[bool, str]:
+    """Do readings `a` and `b` (two identical pipelines, other sampling seeds) agree within their 95% interval?
+    `(ok, detail)`: paired over shared seeds (two or more), or one seed's success rates by Newcombe's interval."""
+    va, vb = ({r["seed"]: r for r in x["per_seed"]} for x in (a, b))
+    common = [s for s in va if s in vb]
+    what = f"{b['name']} − {a['name']}"
+    if len(common) >= 2:
+        diffs = [vb[s]["value"] - va[s]["value"] for s in common]
+        m, h = mean_ci(diffs)
+        if all(x == 0 for x in diffs):
+            return True, (f"{what} is exactly 0 in all {len(common)} seeds: the replica read the same as the original "
+                          "(did either pipeline change its weights?)")
+        lo, hi, over = m - h, m + h, f"95% CI over {len(common)} seeds"
+    elif len(common) == 1 and a.get("kind") == b.get("kind") == "success" and "episodes" in va[common[0]] and "episodes" in vb[common[0]]:
+        ra, rb = va[common[0]], vb[common[0]]
+        m = rb["value"] - ra["value"]
+        lo, hi = newcombe_interval(rb["value"], rb["episodes"], ra["value"], ra["episodes"])
+        over = f"Newcombe 95% interval, seed {common[0]}, {rb['episodes']} and {ra['episodes']} episodes"
+    else:
+        raise ValueError(f"A/A check of {a['name']!r} and {b['name']!r}: they share {len(common)} seed(s); one seed needs two "
+                         "success readings with episodes, otherwise give both readings the same seeds")
+    ok = lo <= 0 <= hi
+    return ok, (f"{what} = {m:+.3f} ({over}: {lo:+.3f} to {hi:+.3f}) "
+                + ("includes 0: the two identical pipelines agree" if ok else
+                   "excludes 0: two identical pipelines differ beyond their CI, so this run's CIs understate its noise"))
+
+@patch
+def aa_check(self: Run, a: str, b: str, blocks: list[str] | tuple = ()) -> bool:
+    "Record the A/A check of readings `a` and `b` of this run (`aa_agreement`) as a check; returns whether they agree."
+    recorded, _ = recorded_readings(self.dir)
+    if missing := [n for n in (a, b) if n not in recorded]:
+        raise ValueError(f"A/A check: {missing} not recorded in this run yet (recorded: {', '.join(recorded) or 'none'})")
+    ok, detail = aa_agreement(recorded[a], recorded[b])
+    return self.check(f"A/A: {b} agrees with {a}", ok, detail, blocks)
 
 # %% ../../nbs/90_experiment.ipynb #594269c4
 RUN_MARKER = ".labmod-run"   # `labmod run` leaves it in the run folder it executes a notebook in
