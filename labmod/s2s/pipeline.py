@@ -209,8 +209,9 @@ class Recipe:
         return HeldOutConfig(max_turns=self.max_turns, temperature=1.0, samples=self.test_samples, n_envs=self.n_envs, base=base)
 
     def pipeline(self, stages: tuple, seed: int, s2s_steps: int, rl_steps: int, **changes) -> PipelineConfig:
-        "The pipeline: task RL with `rl_algo`; S2S (GRPO) keeps its best state-reaching validation checkpoint (`keep='best'`) with 2 sampling rounds per update."
-        return PipelineConfig(**{**dict(stages=stages, s2s=self.run(s2s_steps, seed, keep="best", max_gen_batches=2),
+        """The pipeline: task RL with `rl_algo`; S2S (GRPO) reads its state-reaching validation success after every update (the
+        stage's curve) and keeps its best checkpoint (`keep='best'`, the paper's selection), with 2 sampling rounds per update."""
+        return PipelineConfig(**{**dict(stages=stages, s2s=self.run(s2s_steps, seed, keep="best", max_gen_batches=2, eval_every=1),
                                         rl=self.rl_run(rl_steps, seed), test=self.tests()), **changes})
 
     def rl_run(self, steps: int, seed: int, **changes) -> RunConfig:
