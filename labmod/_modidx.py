@@ -2,6 +2,7 @@
 
 d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_url': '', 'lib_path': 'labmod'},
   'syms': { 'labmod.agent': { 'labmod.agent.Agent': ('agent.html#agent', 'labmod/agent.py'),
+                              'labmod.agent.Agent._chosen': ('agent.html#agent._chosen', 'labmod/agent.py'),
                               'labmod.agent.Agent.decide': ('agent.html#agent.decide', 'labmod/agent.py'),
                               'labmod.agent.Agent.messages': ('agent.html#agent.messages', 'labmod/agent.py'),
                               'labmod.agent.Agent.name': ('agent.html#agent.name', 'labmod/agent.py'),
@@ -38,6 +39,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                               'labmod.agent.format_actions': ('agent.html#format_actions', 'labmod/agent.py'),
                               'labmod.agent.format_history': ('agent.html#format_history', 'labmod/agent.py'),
                               'labmod.agent.parse_answer': ('agent.html#parse_answer', 'labmod/agent.py'),
+                              'labmod.agent.rank_actions': ('agent.html#rank_actions', 'labmod/agent.py'),
                               'labmod.agent.tag_blocks': ('agent.html#tag_blocks', 'labmod/agent.py')},
             'labmod.core': { 'labmod.core.JsonRecord': ('core.html#jsonrecord', 'labmod/core.py'),
                              'labmod.core.JsonRecord.from_dict': ('core.html#jsonrecord.from_dict', 'labmod/core.py'),

@@ -11,7 +11,8 @@ from typing import Any, Callable
 # %% auto #0
 __all__ = ['MAX_OBS_CHARS', 'MAX_HISTORY_OBS_CHARS', 'MAX_ACTIONS', 'TASK_SYSTEM', 'TASK_CLOSING', 'TASK_FORMAT', 'AgentState',
            'cap', 'format_actions', 'format_history', 'ParsedAction', 'tag_blocks', 'parse_answer', 'PromptFormat',
-           'Decision', 'Policy', 'Agent', 'ScriptedPolicy', 'ExpertPolicy', 'RandomPolicy', 'ReplayPolicy']
+           'Decision', 'Policy', 'rank_actions', 'Agent', 'ScriptedPolicy', 'ExpertPolicy', 'RandomPolicy',
+           'ReplayPolicy']
 
 # %% ../nbs/21_agent.ipynb #56a93daa
 @dataclass
@@ -201,6 +202,21 @@ class Policy:
         "One decision per state; `seed` is one sampling seed per state (the rollout engine's), a base int, or None."
         raise NotImplementedError
 
+# %% ../nbs/21_agent.ipynb #5a1c0e7d
+def rank_actions(lm, prompt_ids: list[int], completions: list[str], temperature: float = 1.0,
+                 rng: random.Random | None = None) -> tuple[int, list[int], list[float], float]:
+    """Draw one of `completions` after `prompt_ids` with probability proportional to p(completion | prompt) ** (1 / `temperature`)
+    (0: the most likely one): its index, token ids, token log-probs (temperature 1) and the probability it was drawn with."""
+    import math
+    from labmod.models import score_continuations
+    if not completions: raise ValueError("rank_actions needs at least one completion to choose from")
+    ids = [lm.tokenizer(c, add_special_tokens=False).input_ids for c in completions]
+    toks = score_continuations(lm, prompt_ids, ids, per_token=True)
+    scores = [sum(t) for t in toks]
+    top = max(scores); w = [math.exp((x - top) / (temperature or 1.0)) for x in scores]
+    k = scores.index(top) if not temperature else (rng or random.Random()).choices(range(len(w)), weights=w, k=1)[0]
+    return k, ids[k], toks[k], w[k] / sum(w)
+
 # %% ../nbs/21_agent.ipynb #3de4096c
 @dataclass
 class Agent(Policy):
@@ -213,6 +229,7 @@ class Agent(Policy):
     top_p: float = 1.0
     stop: list[str] | None = field(default_factory=lambda: ["</action>"])
     format_penalty: float = 0.0
+    choose: bool = False        # rank the admissible actions by log p(format.demo(action)) and draw one (`rank_actions`) instead of writing one (train at temperature 1)
 
     @property
     def name(self) -> str: return f"agent:{getattr(self.lm, 'name', '?')}"
@@ -224,7 +241,10 @@ class Agent(Policy):
         return self.lm.encode_prompt(self.messages(s))
 
     def decide(self, states: list[AgentState], seed: int | None = None) -> list[Decision]:
-        "One batched generation: a `Decision` per state, with the prompt, token ids and sampling log-probs."
+        "One batched generation (or, with `choose`, one ranking per state): a `Decision` per state, with the prompt, token ids and sampling log-probs."
+        if self.choose:
+            from labmod.models import prompt_seeds
+            return [self._chosen(s, sd) for s, sd in zip(states, prompt_seeds(seed, len(states)))]
         msgs = [self.messages(s) for s in states]
         gens = self.lm.generate([self.prompt_ids(s) for s in states], max_new_tokens=self.max_new_tokens,
                                 temperature=self.temperature, top_p=self.top_p, stop=self.stop, seed=seed)
@@ -235,6 +255,19 @@ class Agent(Policy):
                                 0.0 if p.valid_format else -self.format_penalty,
                                 {"valid_format": p.valid_format, "format_error": p.error, "in_valid_actions": p.in_valid_actions}))
         return out
+
+    def _chosen(self, s: AgentState, seed: int | None) -> Decision:
+        "The admissible action `rank_actions` draws at `s`, as a decision in the agent's format (always valid)."
+        if not s.valid_actions:
+            raise ValueError(f"Agent(choose=True) ranks the admissible actions, and the state of {s.episode or 'this episode'!r} lists "
+                             "none: use an env that gives admissible actions, or choose=False (the agent writes its action)")
+        m = self.messages(s); prompt = self.prompt_ids(s)
+        rng = random.Random(f"{seed}|{s.episode}|{s.step}") if seed is not None else random.Random()
+        demos = [self.format.demo(a, s) for a in s.valid_actions]
+        k, ids, lps, p = rank_actions(self.lm, prompt, demos, self.temperature, rng)
+        return Decision(demos[k], s.valid_actions[k], m, list(prompt), ids, lps, 0.0,
+                        {"valid_format": True, "format_error": None, "in_valid_actions": True, "p_action": p,
+                         "n_candidates": len(demos)})
 
 # %% ../nbs/21_agent.ipynb #31b30475
 class ScriptedPolicy(Policy):

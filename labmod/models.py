@@ -359,8 +359,10 @@ class HFLM(LM):
             return sample_tokens(self.model, self.tokenizer, prompts, max_new_tokens, temperature, top_p, stop, seed)
 
 # %% ../nbs/20_models.ipynb #79b69092
-def score_continuations(lm: LM, prompt_ids: list[int], continuations: list[list[int]], chunk: int = 32) -> list[float]:
-    "Summed log p(continuation | prompt) of each continuation (token ids), in eval mode, the prompt encoded once."
+def score_continuations(lm: LM, prompt_ids: list[int], continuations: list[list[int]], chunk: int = 32,
+                        per_token: bool = False) -> list:
+    """Summed log p(continuation | prompt) of each continuation (token ids), in eval mode, the prompt encoded once
+    (`per_token`: each continuation's list of token log-probs instead)."""
     import copy, torch
     model = getattr(lm, "model", None)
     if model is None:
@@ -385,7 +387,8 @@ def score_continuations(lm: LM, prompt_ids: list[int], continuations: list[list[
                 attn = torch.cat([torch.ones(B, len(prompt_ids), dtype=torch.long, device=dev), mask], 1)
                 o = model(input_ids=ids, attention_mask=attn, past_key_values=cache, use_cache=False)
                 rest = torch.log_softmax(o.logits[:, :-1].float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1) * mask[:, 1:]
-                scores += (first[ids[:, 0]] + rest.sum(1)).tolist()
+                if per_token: scores += [[first[c[0]].item()] + rest[b, :len(c) - 1].tolist() for b, c in enumerate(cs)]
+                else: scores += (first[ids[:, 0]] + rest.sum(1)).tolist()
         return scores
     finally: model.train(was)
 

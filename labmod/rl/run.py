@@ -289,6 +289,9 @@ def train(agent: Agent, env_factory: Callable[[], Env], tasks: RunTasks, cfg: Ru
           store=None, accelerator=None, ref_model=None) -> dict:
     "Warm start (when `cfg.warm.epochs` and `tasks.warm`), then RL on `tasks.train`, evaluated on every set of `tasks.eval`."
     hooks, lm, t0 = hooks or RunHooks(), agent.lm, time.perf_counter()
+    if getattr(agent, "choose", False) and agent.temperature != 1.0:
+        raise ValueError(f"an Agent(choose=True) trains at temperature 1 (its decisions carry temperature-1 log-probs), got "
+                         f"temperature={agent.temperature}: set Agent.temperature=1.0")
     if cfg.algo.temperature != agent.temperature:   # the loss's log-probs must be those of the sampling distribution
         cfg = dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, temperature=agent.temperature))
     resuming = store is not None and latest_checkpoint(store.root / "checkpoints") is not None

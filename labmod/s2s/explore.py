@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from typing import Any, Callable
 from ..core import Task, Trajectory
 from ..envs.core import Env, SharedEnvs, env_factory
-from ..agent import AgentState, Decision, Policy, PromptFormat, ScriptedPolicy
+from ..agent import AgentState, Decision, Policy, PromptFormat, ScriptedPolicy, rank_actions
 from ..rollout import RolloutEngine, RolloutConfig
-from ..models import prompt_seeds, score_continuations
+from ..models import prompt_seeds
 
 # %% auto #0
 __all__ = ['MULTIWORD_VERBS', 'VERB_GROUPS', 'DEFAULT_VERB_WEIGHTS', 'EXPLORE_WORDS', 'EXPLORATION_INSTRUCTION',
@@ -182,12 +182,9 @@ class LLMExplorer(Policy):
         "The admissible action drawn from softmax(log p(answer) / temperature), the answer being the format's demo of it."
         prompt = self.lm.encode_prompt(self.format.messages(s, self.history_k))
         demos = [self.format.demo(a, s) for a in actions]
-        scores = score_continuations(self.lm, prompt, [self.lm.tokenizer(d, add_special_tokens=False).input_ids for d in demos])
-        top = max(scores)
-        w = [math.exp((x - top) / self.temperature) for x in scores]
-        k = random.Random(f"{self.seed}|{seed}|{s.episode}|{s.step}").choices(range(len(actions)), weights=w, k=1)[0]
+        k, _, _, p = rank_actions(self.lm, prompt, demos, self.temperature, random.Random(f"{self.seed}|{seed}|{s.episode}|{s.step}"))
         return Decision(demos[k], actions[k], info={"fallback": False, "valid_format": True, "format_error": None, "policy": self.name,
-                                                    "p_action": w[k] / sum(w), "n_candidates": len(actions)})
+                                                    "p_action": p, "n_candidates": len(actions)})
 
 
 # %% ../../nbs/40_s2s_explore.ipynb #e2be8191
