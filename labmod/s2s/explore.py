@@ -4,7 +4,7 @@
 
 # %% ../../nbs/40_s2s_explore.ipynb #f8a6cb15
 from __future__ import annotations
-import copy, math, random
+import copy, random
 from dataclasses import dataclass
 from typing import Any, Callable
 from ..core import Task, Trajectory
