@@ -11,8 +11,8 @@ from typing import Any, Callable
 # %% auto #0
 __all__ = ['MAX_OBS_CHARS', 'MAX_HISTORY_OBS_CHARS', 'MAX_ACTIONS', 'TASK_SYSTEM', 'TASK_CLOSING', 'TASK_FORMAT', 'AgentState',
            'cap', 'format_actions', 'format_history', 'ParsedAction', 'tag_blocks', 'parse_answer', 'PromptFormat',
-           'Decision', 'Policy', 'rank_actions', 'Agent', 'ScriptedPolicy', 'ExpertPolicy', 'RandomPolicy',
-           'ReplayPolicy']
+           'Decision', 'Policy', 'rank_actions', 'score_actions', 'draw_action', 'Agent', 'ScriptedPolicy',
+           'ExpertPolicy', 'RandomPolicy', 'ReplayPolicy']
 
 # %% ../nbs/21_agent.ipynb #56a93daa
 @dataclass
@@ -207,11 +207,19 @@ def rank_actions(lm, prompt_ids: list[int], completions: list[str], temperature:
                  rng: random.Random | None = None) -> tuple[int, list[int], list[float], float]:
     """Draw one of `completions` after `prompt_ids` with probability proportional to p(completion | prompt) ** (1 / `temperature`)
     (0: the most likely one): its index, token ids, token log-probs (temperature 1) and the probability it was drawn with."""
-    import math
+    return draw_action(*score_actions(lm, prompt_ids, completions), temperature, rng)
+
+def score_actions(lm, prompt_ids: list[int], completions: list[str]) -> tuple[list[list[int]], list[list[float]]]:
+    "Each of `completions`' token ids and temperature-1 token log-probs after `prompt_ids` (one prompt pass, `score_continuations`)."
     from labmod.models import score_continuations
     if not completions: raise ValueError("rank_actions needs at least one completion to choose from")
     ids = [lm.tokenizer(c, add_special_tokens=False).input_ids for c in completions]
-    toks = score_continuations(lm, prompt_ids, ids, per_token=True)
+    return ids, score_continuations(lm, prompt_ids, ids, per_token=True)
+
+def draw_action(ids: list[list[int]], toks: list[list[float]], temperature: float = 1.0,
+                rng: random.Random | None = None) -> tuple[int, list[int], list[float], float]:
+    "`rank_actions`' draw from scored completions (`score_actions`): index, token ids, token log-probs, probability drawn with."
+    import math
     scores = [sum(t) for t in toks]
     top = max(scores); w = [math.exp((x - top) / (temperature or 1.0)) for x in scores]
     k = scores.index(top) if not temperature else (rng or random.Random()).choices(range(len(w)), weights=w, k=1)[0]
@@ -244,7 +252,8 @@ class Agent(Policy):
         "One batched generation (or, with `choose`, one ranking per state): a `Decision` per state, with the prompt, token ids and sampling log-probs."
         if self.choose:
             from labmod.models import prompt_seeds
-            return [self._chosen(s, sd) for s, sd in zip(states, prompt_seeds(seed, len(states)))]
+            scored = {}   # states with the same prompt and actions (a GRPO group's first turn) are scored once, drawn apart
+            return [self._chosen(s, sd, scored) for s, sd in zip(states, prompt_seeds(seed, len(states)))]
         msgs = [self.messages(s) for s in states]
         gens = self.lm.generate([self.prompt_ids(s) for s in states], max_new_tokens=self.max_new_tokens,
                                 temperature=self.temperature, top_p=self.top_p, stop=self.stop, seed=seed)
@@ -256,7 +265,7 @@ class Agent(Policy):
                                 {"valid_format": p.valid_format, "format_error": p.error, "in_valid_actions": p.in_valid_actions}))
         return out
 
-    def _chosen(self, s: AgentState, seed: int | None) -> Decision:
+    def _chosen(self, s: AgentState, seed: int | None, scored: dict | None = None) -> Decision:
         "The admissible action `rank_actions` draws at `s`, as a decision in the agent's format (always valid)."
         if not s.valid_actions:
             raise ValueError(f"Agent(choose=True) ranks the admissible actions, and the state of {s.episode or 'this episode'!r} lists "
@@ -264,7 +273,12 @@ class Agent(Policy):
         m = self.messages(s); prompt = self.prompt_ids(s)
         rng = random.Random(f"{seed}|{s.episode}|{s.step}") if seed is not None else random.Random()
         demos = [self.format.demo(a, s) for a in s.valid_actions]
-        k, ids, lps, p = rank_actions(self.lm, prompt, demos, self.temperature, rng)
+        key = (tuple(prompt), tuple(demos))
+        got = scored.get(key) if scored is not None else None
+        if got is None:
+            got = score_actions(self.lm, prompt, demos)
+            if scored is not None: scored[key] = got
+        k, ids, lps, p = draw_action(*got, self.temperature, rng)
         return Decision(demos[k], s.valid_actions[k], m, list(prompt), ids, lps, 0.0,
                         {"valid_format": True, "format_error": None, "in_valid_actions": True, "p_action": p,
                          "n_candidates": len(demos)})
