@@ -314,9 +314,13 @@ def train(agent: Agent, env_factory: Callable[[], Env], tasks: RunTasks, cfg: Ru
         history = train_loop(trainer, collect, tasks.train, cfg, store, eval_fn=readings, after_update=lm.sync_weights)
         if not readings.curve or readings.curve[-1]["update"] != trainer.step: readings(trainer.step)
         kept, notes = readings.keep(trainer.step)
-    effective = sum(1 for h in history if not h.get("skipped_update") and h["step"] <= kept["update"])
-    if effective == 0 and cfg.steps > 0: notes.append("0 effective updates: no update trained on any sample")
-    if store is not None and main: store.log_metrics(trainer.step, kept_update=kept["update"], effective_updates=effective, notes=notes)
+    trained = sum(1 for h in history if not h.get("skipped_update"))   # updates that trained on samples
+    effective = sum(1 for h in history if not h.get("skipped_update") and h["step"] <= kept["update"])   # ... and are in the kept weights
+    if trained == 0 and cfg.steps > 0: notes.append("0 effective updates: no update trained on any sample")
+    elif effective == 0 and cfg.steps > 0:
+        notes.append(f"0 effective updates: {trained} update(s) trained, but the kept weights (update {kept['update']}) predate them")
+    if store is not None and main:
+        store.log_metrics(trainer.step, kept_update=kept["update"], effective_updates=effective, trained_updates=trained, notes=notes)
     return {"curve": readings.curve, "history": history, "warm": warm, "before": readings.curve[0], "after": kept,
-            "kept_update": kept["update"], "effective_updates": effective, "notes": notes,
+            "kept_update": kept["update"], "effective_updates": effective, "trained_updates": trained, "notes": notes,
             "hooks": hooks.summary(), "wall_s": time.perf_counter() - t0}

@@ -136,6 +136,7 @@ def _run_stage(stage: str, agent: Agent, make: Callable[[str], Callable[[], Env]
 def _log_stage(store, res: dict) -> None:
     if store is None or "curve" not in res: return
     store.log_metrics(None, stage=res["stage"], kept_update=res["kept_update"], effective_updates=res["effective_updates"],
+                      trained_updates=res.get("trained_updates"),
                       notes=res["notes"], curve=[{"update": c["update"], "success": c["success"]} for c in res["curve"]])
 
 # %% ../../nbs/43_s2s_pipeline.ipynb #b6088a8a
