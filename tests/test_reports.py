@@ -126,6 +126,8 @@ def test_claims_page_over_the_committed_reports(tmp_path):
                    ("dreamgym_fidelity_cost", "173519"), ("s2s_pipeline", "075042"), ("s2s_pipeline", "100858")}, sup
     old = [m for m in metas if not m.get("readings")]
     assert idx.count("no per-seed data in this run") >= len(old)   # runs without per-seed data say so rather than guess a CI
+    # a current run always carries per-seed data: the runs recorded before readings existed are all superseded, with a reason
+    assert all((m.get("superseded") or {}).get("reason") for m in old), [f'{m["experiment"]}/{m["run_id"]}' for m in old if not m.get("superseded")]
 
 def test_committed_reports_are_portable_offline_and_rerendered():
     htmls = sorted(REPORTS.glob("*/*.html"))
