@@ -265,7 +265,7 @@ class Agent(Policy):
                                 {"valid_format": p.valid_format, "format_error": p.error, "in_valid_actions": p.in_valid_actions}))
         return out
 
-    def _chosen(self, s: AgentState, seed: int | None, scored: dict | None = None) -> Decision:
+    def _chosen(self, s: AgentState, seed: int | None, scored: dict) -> Decision:
         "The admissible action `rank_actions` draws at `s`, as a decision in the agent's format (always valid)."
         if not s.valid_actions:
             raise ValueError(f"Agent(choose=True) ranks the admissible actions, and the state of {s.episode or 'this episode'!r} lists "
@@ -274,11 +274,8 @@ class Agent(Policy):
         rng = random.Random(f"{seed}|{s.episode}|{s.step}") if seed is not None else random.Random()
         demos = [self.format.demo(a, s) for a in s.valid_actions]
         key = (tuple(prompt), tuple(demos))
-        got = scored.get(key) if scored is not None else None
-        if got is None:
-            got = score_actions(self.lm, prompt, demos)
-            if scored is not None: scored[key] = got
-        k, ids, lps, p = draw_action(*got, self.temperature, rng)
+        if key not in scored: scored[key] = score_actions(self.lm, prompt, demos)
+        k, ids, lps, p = draw_action(*scored[key], self.temperature, rng)
         return Decision(demos[k], s.valid_actions[k], m, list(prompt), ids, lps, 0.0,
                         {"valid_format": True, "format_error": None, "in_valid_actions": True, "p_action": p,
                          "n_candidates": len(demos)})
