@@ -1126,6 +1126,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                   'labmod.rl.losses.ppo_loss': ('rl_losses.html#ppo_loss', 'labmod/rl/losses.py'),
                                   'labmod.rl.losses.ref_logprobs_for': ('rl_losses.html#ref_logprobs_for', 'labmod/rl/losses.py'),
                                   'labmod.rl.losses.sampler_stats': ('rl_losses.html#sampler_stats', 'labmod/rl/losses.py'),
+                                  'labmod.rl.losses.shared_prefix': ('rl_losses.html#shared_prefix', 'labmod/rl/losses.py'),
+                                  'labmod.rl.losses.shares_prefix': ('rl_losses.html#shares_prefix', 'labmod/rl/losses.py'),
                                   'labmod.rl.losses.token_logprobs': ('rl_losses.html#token_logprobs', 'labmod/rl/losses.py')},
             'labmod.rl.run': { 'labmod.rl.run.RunHooks': ('rl_run.html#runhooks', 'labmod/rl/run.py'),
                                'labmod.rl.run.RunHooks.demos': ('rl_run.html#runhooks.demos', 'labmod/rl/run.py'),

@@ -34,6 +34,7 @@ class GRPOConfig:
     old_logprobs: str = "recompute"     # "recompute" with the current policy before the update, or "sampler"
     sample_mode: str = "step"           # "step": one sample per agent turn; "episode": turns concatenated
     turn_weight: str = "episode"        # step mode: "episode" divides a turn's advantage by its episode's turn count; "none"
+    share_prefix: bool | None = None    # compute the prompt prefix every sequence of a micro-batch shares once (a KV cache the gradient flows through; micro-batches sorted so shared prompts sit together); None: on a CPU outside DDP, where a micro-batch's rows run one after another
 
     def __post_init__(self):
         if self.loss_type not in ("grpo", "bnpo", "dapo", "reinforce"):

@@ -14,8 +14,8 @@ from .config import GRPOConfig, PPOConfig
 from .samples import Sample
 
 # %% auto #0
-__all__ = ['collate', 'token_logprobs', 'first_loss_position', 'ref_logprobs_for', 'sampler_stats', 'grpo_loss', 'ValueHead',
-           'gae', 'ppo_loss']
+__all__ = ['collate', 'shared_prefix', 'token_logprobs', 'first_loss_position', 'shares_prefix', 'ref_logprobs_for',
+           'sampler_stats', 'grpo_loss', 'ValueHead', 'gae', 'ppo_loss']
 
 # %% ../../nbs/32_rl_losses.ipynb #d08df402
 def collate(samples: Sequence[Sample], pad_id: int = 0, device=None) -> dict:
@@ -31,16 +31,34 @@ def collate(samples: Sequence[Sample], pad_id: int = 0, device=None) -> dict:
         batch["ref_logprobs"] = pad([s.ref_logprobs for s in samples], 0.0, torch.float32)
     return batch
 
+def shared_prefix(input_ids, attention_mask, start: int, min_len: int = 16) -> int:
+    """How many leading columns every row of the batch has alike and unpadded, up to `start - 1` (the first logit a loss
+    token needs comes after them); 0 for one row or a shared prefix under `min_len` tokens (not worth a second call)."""
+    if input_ids.shape[0] < 2: return 0
+    cols = max(int(start) - 1, 0)
+    same = ((input_ids[:, :cols] == input_ids[:1, :cols]) & (attention_mask[:, :cols] == 1)).all(0)
+    n = int(same.long().cumprod(0).sum())
+    return n if n >= min_len else 0
+
 def token_logprobs(model, input_ids, attention_mask, temperature: float = 1.0, start: int = 1,
-                   with_entropy: bool = False, with_hidden: bool = False):
+                   with_entropy: bool = False, with_hidden: bool = False, share_prefix: bool = False):
     """Per-token log p(input_ids[:, t] | <t) for t >= start as a (B, L) tensor (zeros before `start`),
-    plus the per-token entropy (no grad) and last hidden states when asked."""
+    plus the per-token entropy (no grad) and last hidden states when asked. `share_prefix`: the columns every row shares
+    (`shared_prefix`: a GRPO group's prompt) run once, for one row, and the rows continue from its KV cache (the gradient
+    flows back through it): the same log-probs and gradients for a fraction of the compute when rows run one after another."""
     B, L = input_ids.shape
     start = max(int(start), 1)
     keep = L - start + 1                       # logits at positions start-1 .. L-1 (the last one is dropped)
+    n = shared_prefix(input_ids, attention_mask, start) if share_prefix and not with_hidden else 0
     with autocast_for(model):   # a model with float32 master weights computes in its compute dtype
-        out = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep, use_cache=False,
-                    output_hidden_states=with_hidden)
+        if n:
+            cache = model(input_ids=input_ids[:1, :n], use_cache=True).past_key_values
+            cache.batch_repeat_interleave(B)
+            out = model(input_ids=input_ids[:, n:], attention_mask=attention_mask, past_key_values=cache, logits_to_keep=keep,
+                        use_cache=True)
+        else:
+            out = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep, use_cache=False,
+                        output_hidden_states=with_hidden)
     logits = out.logits[:, :-1].float() / temperature
     logp = torch.log_softmax(logits, dim=-1)
     tok = logp.gather(-1, input_ids[:, start:].unsqueeze(-1)).squeeze(-1)
@@ -61,16 +79,22 @@ def first_loss_position(loss_mask: torch.Tensor) -> int:
 # %% ../../nbs/32_rl_losses.ipynb #79dd5c88
 def _masked_mean(x, m): return (x * m).sum() / m.sum().clamp(min=1.0)
 
-def ref_logprobs_for(model, ref_model, batch, temperature: float, start: int):
+def shares_prefix(model, cfg: GRPOConfig) -> bool:
+    "Whether an update computes a micro-batch's shared prompt once (`GRPOConfig.share_prefix`; None: on a CPU, never under DDP)."
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel): return False   # DDP expects one forward per backward
+    if cfg.share_prefix is not None: return cfg.share_prefix
+    return next(model.parameters()).device.type == "cpu"
+
+def ref_logprobs_for(model, ref_model, batch, temperature: float, start: int, share_prefix: bool = False):
     "Reference log-probs: a separate model, or the PEFT base (adapters disabled) when ref_model is None."
     with torch.no_grad():
         if ref_model is not None:
-            return token_logprobs(ref_model, batch["input_ids"], batch["attention_mask"], temperature, start)[0]
+            return token_logprobs(ref_model, batch["input_ids"], batch["attention_mask"], temperature, start, share_prefix=share_prefix)[0]
         base = getattr(model, "module", model)
         if not hasattr(base, "disable_adapter"):
             raise ValueError("beta > 0 needs a ref_model (or a PEFT model, whose base weights serve as reference)")
         with base.disable_adapter():
-            return token_logprobs(base, batch["input_ids"], batch["attention_mask"], temperature, start)[0]
+            return token_logprobs(base, batch["input_ids"], batch["attention_mask"], temperature, start, share_prefix=share_prefix)[0]
 
 def sampler_stats(logp, batch: dict, start: int, mask) -> dict:
     """How far the trainer's log-probs are from the sampler's (the train/inference mismatch): `logprob_gap`, the mean
@@ -85,8 +109,8 @@ def sampler_stats(logp, batch: dict, start: int, mask) -> dict:
 def grpo_loss(model, batch: dict, cfg: GRPOConfig, ref_model=None) -> tuple[torch.Tensor, dict]:
     "Clipped-surrogate (or REINFORCE) loss on agent tokens, with stats: kl, entropy, clip fractions, ratio."
     ids, am, mask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
-    start = first_loss_position(mask)
-    logp, ent, _ = token_logprobs(model, ids, am, cfg.temperature, start, with_entropy=True)
+    start, share = first_loss_position(mask), shares_prefix(model, cfg)
+    logp, ent, _ = token_logprobs(model, ids, am, cfg.temperature, start, with_entropy=True, share_prefix=share)
     logp, ent, mask = logp[:, start:], ent[:, start:], mask[:, start:]
     adv = batch["advantages"].unsqueeze(1)
     old = batch.get("old_logprobs")
@@ -103,7 +127,7 @@ def grpo_loss(model, batch: dict, cfg: GRPOConfig, ref_model=None) -> tuple[torc
     stats = {}
     if cfg.beta != 0.0:
         ref = batch.get("ref_logprobs")
-        ref = ref_logprobs_for(model, ref_model, batch, cfg.temperature, start) if ref is None else ref
+        ref = ref_logprobs_for(model, ref_model, batch, cfg.temperature, start, share) if ref is None else ref
         ref = ref[:, start:]
         kl = torch.exp(ref - logp) - (ref - logp) - 1
         if cfg.kl_bias_correction: kl = kl * ratio

@@ -14,7 +14,7 @@ from tqdm.auto import tqdm
 from .samples import Sample, turn_sample
 from .config import GRPOConfig, PPOConfig, WarmStart
 from .losses import (ValueHead, collate, token_logprobs, first_loss_position,
-                              ref_logprobs_for, grpo_loss, ppo_loss, gae, _masked_mean)
+                              ref_logprobs_for, grpo_loss, ppo_loss, gae, _masked_mean, shares_prefix)
 from ..models import autocast_for
 
 # %% auto #0
@@ -114,7 +114,12 @@ def _micro_batch_size(self, n: int) -> int:
     return math.ceil(n / self.cfg.grad_accum_steps) if self.cfg.grad_accum_steps else self.cfg.micro_batch_size
 
 def _micro_batches(self, samples):
+    """Micro-batches of `samples`. When the update computes shared prompts once (`shares_prefix`) and its loss does not depend
+    on how samples are grouped (dapo, reinforce: a token sum over the window), samples are sorted by their tokens first, so
+    a GRPO group's turns at one state (the same prompt) share a micro-batch."""
     mb = self._micro_batch_size(len(samples))
+    if self.cfg.loss_type in ("dapo", "reinforce") and shares_prefix(self.model, self.cfg):
+        samples = sorted(samples, key=lambda s: list(s.input_ids))
     return [collate(samples[i:i + mb], self.pad_id, self.device) for i in range(0, len(samples), mb)]
 
 def _null_batch(self) -> dict:
@@ -142,16 +147,16 @@ PolicyTrainer._micro_batch_size, PolicyTrainer._micro_batches, PolicyTrainer._nu
 def prepare_batches(self, batches):
     "Fill old and reference log-probs before any weight changes."
     for b in batches:
-        start = first_loss_position(b["loss_mask"])
+        start, share = first_loss_position(b["loss_mask"]), shares_prefix(self.model, self.cfg)
         model = self.unwrapped      # no-grad forwards outside DDP: they take part in no collective
         if self.cfg.old_logprobs == "recompute" or torch.isnan(b["old_logprobs"]).any():
             if self._needs_old():
                 model.eval()
                 b["old_logprobs"] = token_logprobs(model, b["input_ids"], b["attention_mask"],
-                                                   self.cfg.temperature, start)[0] * b["loss_mask"]
+                                                   self.cfg.temperature, start, share_prefix=share)[0] * b["loss_mask"]
             else: b.pop("old_logprobs")       # on-policy: the detached current log-probs are the old ones
         if self.cfg.beta != 0.0 and "ref_logprobs" not in b:
-            b["ref_logprobs"] = ref_logprobs_for(model, self.ref_model, b, self.cfg.temperature, start)
+            b["ref_logprobs"] = ref_logprobs_for(model, self.ref_model, b, self.cfg.temperature, start, share)
 
 def _optimizer_step(self) -> float:
     params = [p for g in self.optimizer.param_groups for p in g["params"]]

@@ -182,7 +182,7 @@ class Recipe:
     test_samples: int = 1         # episodes per held-out task or target, at the sampling temperature
     warm_epochs: int = 4          # SFT epochs on random admissible actions of the warm-start tasks (0: none)
     rl_algo: str = "grpo"         # the task-RL stage's update: "grpo", or "gigpo" (+ step advantages from shared anchor states)
-    micro_batch_size: int = 16    # sequences per backward pass (SmolLM2-135M on a 24 GiB CPU box: 2; 16 ran out of memory at 23 GB)
+    micro_batch_size: int = 16    # sequences per backward pass (SmolLM2-135M on a 24 GiB CPU box: 8, a GRPO group, whose shared prompt runs once; 16 whole sequences ran out of memory at 23 GB)
     choose: bool = False          # the policy ranks the admissible actions instead of writing one (`Agent(choose=True)`)
     dtype: str | None = None      # compute dtype of a LoRA policy's frozen base (None: bf16 on a GPU, else float32); "bfloat16" on a CPU with avx512_bf16 ran SmolLM2 S2S GRPO 1.5x faster with a sampler-trainer token log-prob gap of 0.02
 
