@@ -442,6 +442,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                  'labmod/dreamgym/train.py'),
                                        'labmod.dreamgym.train.dreamgym_row': ( 'dreamgym_train.html#dreamgym_row',
                                                                                'labmod/dreamgym/train.py'),
+                                       'labmod.dreamgym.train.phase_curve': ('dreamgym_train.html#phase_curve', 'labmod/dreamgym/train.py'),
                                        'labmod.dreamgym.train.row_config': ('dreamgym_train.html#row_config', 'labmod/dreamgym/train.py'),
                                        'labmod.dreamgym.train.split_purpose': ( 'dreamgym_train.html#split_purpose',
                                                                                 'labmod/dreamgym/train.py'),

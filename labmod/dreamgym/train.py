@@ -19,7 +19,7 @@ from .curriculum import Curriculum, CurriculumConfig, TaskVariationGenerator
 
 # %% auto #0
 __all__ = ['MODES', 'InteractionCounter', 'split_purpose', 'CountingEnv', 'AbstractStateEnv', 'TaskRoutedEnv', 'DreamGymConfig',
-           'SyntheticHooks', 'train_policy', 'PolicySpec', 'row_config', 'dreamgym_row']
+           'SyntheticHooks', 'phase_curve', 'train_policy', 'PolicySpec', 'row_config', 'dreamgym_row']
 
 # %% ../../nbs/54_dreamgym_train.ipynb #b670d44b
 class InteractionCounter:
@@ -130,11 +130,24 @@ def _s2r_run(cfg: DreamGymConfig) -> RunConfig:
     return dataclasses.replace(cfg.run, steps=cfg.s2r_steps, warm=dataclasses.replace(cfg.run.warm, epochs=0))
 
 # %% ../../nbs/54_dreamgym_train.ipynb #6508830b
+def phase_curve(phases: dict[str, dict]) -> list[dict]:
+    """The held-out readings of consecutive training phases (`labmod.rl.run.train` results, in order) on one update
+    axis: a later phase's updates continue the count, and its update-0 reading, the weights the previous phase ended
+    with, is left out. Each point: `update`, `phase`, `success`, `episodes`."""
+    out, offset = [], 0
+    for name, res in phases.items():
+        for c in res["curve"]:
+            if out and c["update"] == 0: continue
+            out.append({"update": offset + c["update"], "phase": name, "success": c["success"], "episodes": c["episodes"]})
+        offset = out[-1]["update"] if out else 0
+    return out
+
 def train_policy(agent: Agent, real_env_factory: Callable[[], Env], tasks: RunTasks, cfg: DreamGymConfig,
                  em: ExperienceModel | None = None, variation_lm=None) -> dict:
     """Train `agent` in `cfg.mode` (one `labmod.rl.run.train` per phase); returns the phases' results, `before` / `after`,
     `real_interactions` (real resets and steps per purpose), the `Curriculum` (when on; its generator writes with
-    `variation_lm`, by default the experience model's LM) and the experience model's stats."""
+    `variation_lm`, by default the experience model's LM), the experience model's stats and `curve`: the held-out
+    readings of every phase on one update axis (`phase_curve`)."""
     if cfg.mode != "real" and em is None: raise ValueError(f"mode {cfg.mode!r} needs an ExperienceModel (em=...)")
     counter, name, t0 = InteractionCounter(), tasks.train[0].env, time.perf_counter()
     eval_ids, warm_ids = {t.id for ts in tasks.eval.values() for t in ts}, {t.id for t in tasks.warm}
@@ -158,7 +171,7 @@ def train_policy(agent: Agent, real_env_factory: Callable[[], Env], tasks: RunTa
             phases["s2r"] = train(agent, real, dataclasses.replace(tasks, warm=[]), _s2r_run(cfg))
     counts, runs = counter.as_dict(), list(phases.values())
     return {"mode": cfg.mode, "algo": cfg.algo, "phases": phases, "before": runs[0]["before"], "after": runs[-1]["after"],
-            "real_interactions": counts, "real_train_steps": counts.get("train_steps", 0), "curriculum": cur,
+            "curve": phase_curve(phases), "real_interactions": counts, "real_train_steps": counts.get("train_steps", 0), "curriculum": cur,
             "em_stats": dict(em.stats) if em is not None else None, "wall_s": time.perf_counter() - t0}
 
 # %% ../../nbs/54_dreamgym_train.ipynb #2d6bb3ac
@@ -199,5 +212,5 @@ def dreamgym_row(em: ExperienceModel | None, tasks: RunTasks, cfg: DreamGymConfi
     return {"seed": cfg.run.seed, "mode": cfg.mode, "algo": cfg.algo, "success_before": res["before"]["success"],
             "success": res["after"]["success"], "real_train_steps": res["real_train_steps"],
             "real_train_resets": ri.get("train_resets", 0), "real_eval_resets": ri.get("eval_resets", 0),
-            "eval_episodes": res["after"]["episodes"], "wall_s": res["wall_s"],
+            "eval_episodes": res["after"]["episodes"], "wall_s": res["wall_s"], "curve": res["curve"],
             **({f"curriculum_{k}": v for k, v in cur.summary().items()} if cur is not None else {})}
