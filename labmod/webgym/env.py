@@ -4,17 +4,18 @@
 
 # %% ../../nbs/63_webgym_env.ipynb #d3329902
 from __future__ import annotations
-import dataclasses, hashlib, threading
+import bisect, dataclasses, hashlib, json, re, threading
 from typing import Callable
 from ..core import Task, Observation, Step, Trajectory, Turn
 from ..envs.core import Env, EnvWrapper, EnvError, make_env
-from .rubric import bind_task, difficulty_bin, rubric_difficulty, evidence_pages
-from .evaluator import evaluate_rubric, next_web_action
+from .rubric import bind_task, difficulty_bin, rubric_difficulty, evidence_pages, compact
+from .evaluator import evaluate_rubric, next_web_action, shown_on_pages
 from .websites import site_host, url_path
 
 # %% auto #0
 __all__ = ['STEP_BUDGETS', 'BROWSER_STEP_LIMIT', 'RubricRewardEnv', 'page_signature', 'RepetitionPenaltyEnv', 'step_budget',
-           'make_web_task_env', 'StepBudgetEnv', 'served_hosts', 'WebTaskEnv', 'browser_pool', 'web_env_factory']
+           'make_web_task_env', 'StepBudgetEnv', 'find_node', 'PagerEnv', 'served_hosts', 'WebTaskEnv', 'browser_pool',
+           'web_env_factory']
 
 # %% ../../nbs/63_webgym_env.ipynb #f7e0c655
 class RubricRewardEnv(EnvWrapper):
@@ -48,7 +49,7 @@ def page_signature(obs: Observation) -> str:
     if obs.data and isinstance(obs.data.get("axtree"), list):
         tree = [(n.get("id"), n.get("role"), n.get("name"), n.get("value"), n.get("checked"), n.get("selected"), n.get("focused"))
                 for n in obs.data["axtree"]]
-        return "ax:" + hashlib.sha1(repr((obs.data.get("url"), tree)).encode()).hexdigest()
+        return "ax:" + hashlib.sha1(repr((obs.data.get("url"), tree, obs.data.get("window"))).encode()).hexdigest()
     text = obs.text.split("\n\n", 1)[-1] if obs.text.startswith(("Invalid action", "The action")) else obs.text
     return "text:" + hashlib.sha1(text.encode()).hexdigest()
 
@@ -117,19 +118,104 @@ class StepBudgetEnv(EnvWrapper):
             st.done = True; st.info = st.info | {"truncated": True, "step_budget": self.budget}
         return st
 
+# %% ../../nbs/63_webgym_env.ipynb #b3d7f0a4
+_FIND = re.compile(r"""^\s*find\(\s*("(?:[^"\\]|\\.)*"|'[^']*')\s*\)\s*$""", re.S)
+_SCROLL = re.compile(r"""^\s*scroll\(\s*["']?(up|down)["']?\s*\)\s*$""", re.I)
+_PAGER_HELP = 'scroll(down), scroll(up) or find("text") show more of the page'
+
+def find_node(nodes: list[dict], text: str, start: int = 0) -> int | None:
+    """The index of the first node at or after `start` (then from the top) where `text` begins, comparing letters and
+    digits only across the nodes' names (a phrase may span inline elements); None when it is nowhere."""
+    q = compact(text)
+    if not q: return None
+    offsets, parts, pos = [], [], 0
+    for n in nodes:
+        c = compact(n.get("name") or ""); offsets.append(pos); parts.append(c); pos += len(c)
+    flat = "".join(parts)
+    if not nodes: return None
+    at = flat.find(q, offsets[min(start, len(nodes) - 1)])
+    if at < 0: at = flat.find(q)
+    return None if at < 0 else bisect.bisect_right(offsets, at) - 1
+
+class PagerEnv(EnvWrapper):
+    "A text view of one screen of the browser's page at a time (see above)."
+    def __init__(self, inner: Env, window_chars: int = 900, context_lines: int = 2):
+        if window_chars < 100: raise ValueError(f"PagerEnv.window_chars must be >= 100 characters, got {window_chars}")
+        super().__init__(inner)
+        self.window_chars, self.context_lines = window_chars, context_lines
+        self._obs, self._start, self._end, self._cursor, self._query = None, 0, 0, 0, None
+
+    def _lines(self) -> list[str]:
+        from labmod.envs.browser import render_tree
+        return render_tree(self._obs.data.get("axtree") or []).split("\n") if self._obs.data.get("axtree") else []
+
+    def _view(self, note: str = "", find: str | None = None) -> Observation:
+        "The stored page shown from line `_start`: as many lines as fit `window_chars` (at least one)."
+        obs, lines = self._obs, self._lines()
+        url = (obs.data or {}).get("url", "")
+        head = next((part for part in obs.text.split("\n\n") if url and part.endswith(url)), obs.text.split("\n\n")[0])
+        end, used = self._start, 0
+        while end < len(lines) and (end == self._start or used + len(lines[end]) + 1 <= self.window_chars):
+            used += len(lines[end]) + 1; end += 1
+        self._end = end
+        body = "\n".join(lines[self._start:end])
+        if self._start > 0 or end < len(lines): body += f"\n[lines {self._start + 1}-{end} of {len(lines)}: {_PAGER_HELP}]"
+        data = dict(obs.data or {}) | {"window": [self._start, end], "lines": len(lines)} | ({"find": find} if find is not None else {})
+        return Observation((note + "\n\n" if note else "") + head + "\n\n" + body, obs.image, data)
+
+    def _back(self) -> int:
+        "The start of the screen that ends where the current one starts."
+        lines, i, used = self._lines(), self._start, 0
+        while i > 0 and used + len(lines[i - 1]) + 1 <= self.window_chars: used += len(lines[i - 1]) + 1; i -= 1
+        return i if i < self._start else max(0, self._start - 1)
+
+    def reset(self, task: Task) -> Observation:
+        self._obs, self._start, self._cursor, self._query = self.inner.reset(task), 0, 0, None
+        return self._view()
+
+    def step(self, action: str) -> Step:
+        find, scroll = _FIND.match(action or ""), _SCROLL.match(action or "")
+        if not (find or scroll):
+            url = (self._obs.data or {}).get("url")
+            st = self.inner.step(action)
+            self._obs = st.obs
+            if (st.obs.data or {}).get("url") != url: self._start, self._cursor, self._query = 0, 0, None
+            self._start = min(self._start, max(0, len(self._lines()) - 1))
+            note = st.obs.text.split("\n\n")[0] if st.obs.text.startswith(("Invalid action", "The action", "The episode")) else ""
+            return Step(self._view(note), st.reward, st.done, st.info)
+        info, note, query = {"valid": True, "pager": True}, "", None
+        if scroll:
+            down = scroll.group(1).lower() == "down"
+            info["action"] = {"verb": "scroll", "args": [scroll.group(1).lower()]}
+            if down and self._end < len(self._lines()): self._start = self._end
+            elif not down and self._start > 0: self._start = self._back()
+            else: note = f"The view is already at the {'end' if down else 'top'} of the page."
+            self._cursor, self._query = self._start, None
+        else:
+            raw = find.group(1)
+            try: query = json.loads(raw) if raw.startswith('"') else raw[1:-1]
+            except json.JSONDecodeError: query = raw[1:-1]
+            info["action"] = {"verb": "find", "args": [query]}
+            i = find_node(self._obs.data.get("axtree") or [], query, self._cursor if query == self._query else self._start)
+            if i is None: info["valid"], note = False, f"Invalid action: find: {json.dumps(query)} is not on this page."
+            else: self._start, self._cursor, self._query = max(0, i - self.context_lines), i + 1, query
+        return Step(self._view(note, query), 0.0, False, info)
+
 # %% ../../nbs/63_webgym_env.ipynb #98c28a80
 def served_hosts(sites: dict[str, str]) -> list[str]: return [site_host(u) for u in sites.values()]
 
 class WebTaskEnv(EnvWrapper):
-    "Any rubric task of any served site: rebinds the task, budget and allowlist on every `reset`; has an expert."
+    """Any rubric task of any served site: rebinds the task, budget and allowlist on every `reset`; has an expert.
+    With `window_chars` the agent sees the page through a `PagerEnv` (one screen at a time)."""
     def __init__(self, browser: Env, sites: dict[str, str], penalty: float = 0.1, step_limit: int | None = None,
-                 budget_scale: float = 1.0):
+                 budget_scale: float = 1.0, window_chars: int | None = None):
         self.sites = sites
-        self.budget_env = StepBudgetEnv(browser, step_limit, budget_scale)
+        self.budget_env = StepBudgetEnv(PagerEnv(browser, window_chars) if window_chars else browser, step_limit, budget_scale)
         super().__init__(RepetitionPenaltyEnv(self.budget_env, penalty=penalty))
         self.task: Task | None = None
         self.obs: Observation | None = None
         self._seen: set[str] = set()      # page paths shown in this episode
+        self._datas: list[dict] = []      # every observation's data in this episode (what the pager showed)
 
     def bind(self, task: Task) -> Task:
         "The task with its start URL on the served sites and all served hosts allowed."
@@ -138,10 +224,10 @@ class WebTaskEnv(EnvWrapper):
         return dataclasses.replace(t, config=dict(t.config) | {"allowed_hosts": served_hosts(self.sites)})
 
     def _show(self, obs: Observation) -> Observation:
-        self.obs = obs; self._seen.add(url_path((obs.data or {}).get("url", ""))); return obs
+        self.obs = obs; self._seen.add(url_path((obs.data or {}).get("url", ""))); self._datas.append(obs.data); return obs
 
     def reset(self, task: Task) -> Observation:
-        self.task, self._seen = self.bind(task), set()
+        self.task, self._seen, self._datas = self.bind(task), set(), []
         return self._show(self.inner.reset(self.task))
 
     def step(self, action: str) -> Step:
@@ -153,7 +239,7 @@ class WebTaskEnv(EnvWrapper):
 
     def expert_action(self) -> str | None:
         if self.task is None or self.obs is None: return None
-        return next_web_action(self.task, evidence_pages(self.task.rubric), self._seen, self.obs.data)
+        return next_web_action(self.task, evidence_pages(self.task.rubric), self._seen, self.obs.data, shown=shown_on_pages(self._datas))
 
 # %% ../../nbs/63_webgym_env.ipynb #4fcde928
 def browser_pool(sites: dict[str, str], n_workers: int, screenshot: bool = False, step_timeout: float = 60.0):
@@ -171,8 +257,8 @@ class _WorkerLease(EnvWrapper):
         if release is not None: release()
 
 def web_env_factory(sites: dict[str, str], penalty: float = 0.1, step_limit: int | None = None, budget_scale: float = 1.0,
-                    pool=None, screenshot: bool = False) -> Callable[[], WebTaskEnv]:
-    "A factory of `WebTaskEnv`s: an in-thread `BrowserEnv('web')` each, or a free worker of `pool`."
+                    pool=None, screenshot: bool = False, window_chars: int | None = None) -> Callable[[], WebTaskEnv]:
+    "A factory of `WebTaskEnv`s: an in-thread `BrowserEnv('web')` each, or a free worker of `pool`; `window_chars`: the pager's screen."
     free, lock = list(range(pool.n_workers)) if pool is not None else [], threading.Lock()
     def give_back(i: int):
         with lock: free.append(i)
@@ -182,4 +268,4 @@ def web_env_factory(sites: dict[str, str], penalty: float = 0.1, step_limit: int
             if not free: raise EnvError(f"all {pool.n_workers} workers of the browser pool are in use: give it as many workers as env slots")
             i = free.pop(0)
         return _WorkerLease(pool.env(i), lambda: give_back(i))
-    return lambda: WebTaskEnv(browser(), sites, penalty, step_limit, budget_scale)
+    return lambda: WebTaskEnv(browser(), sites, penalty, step_limit, budget_scale, window_chars)

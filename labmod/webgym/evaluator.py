@@ -17,24 +17,31 @@ from .websites import link_path, url_path, site_host
 
 # %% auto #0
 __all__ = ['STOPWORDS', 'GENERIC', 'RUBRIC_JUDGE_PROMPT', 'RUBRIC_INSTRUCTIONS', 'TASK_ONLY_INSTRUCTIONS', 'JUDGES', 'INVENTED',
-           'HAND_LABELLED_DIR', 'HAND_LABELLED_POSITIVE', 'seen_text', 'trajectory_views', 'RubricVerdict',
-           'answer_claims', 'contains_phrase', 'is_specific', 'specific_tokens', 'hallucinated_claims', 'fact_terms',
-           'answer_clauses', 'credited_facts', 'evaluate_rubric', 'task_only_judge', 'parse_judge_reply',
+           'HAND_LABELLED_DIR', 'HAND_LABELLED_POSITIVE', 'shown_names', 'seen_text', 'trajectory_views',
+           'RubricVerdict', 'answer_claims', 'contains_phrase', 'is_specific', 'specific_tokens', 'hallucinated_claims',
+           'fact_terms', 'answer_clauses', 'credited_facts', 'evaluate_rubric', 'task_only_judge', 'parse_judge_reply',
            'judge_messages', 'judge_schema', 'llm_judge_verdicts', 'rubric_llm_judge', 'rubric_judge',
-           'task_only_reward_judge', 'EvalQueue', 'click_toward', 'expert_answer', 'next_web_action', 'seen_pages',
-           'PageNavigator', 'labelled_trajectories', 'load_labelled_specs', 'hand_labelled', 'evaluate_evaluator',
-           'evaluator_table']
+           'task_only_reward_judge', 'EvalQueue', 'click_toward', 'expert_answer', 'find_phrase', 'shown_on_pages',
+           'next_web_action', 'seen_pages', 'PageNavigator', 'labelled_trajectories', 'load_labelled_specs',
+           'hand_labelled', 'evaluate_evaluator', 'evaluator_table']
 
 # %% ../../nbs/62_webgym_evaluator.ipynb #67e75577
 _QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"')
 
+def shown_names(data: dict) -> list[str]:
+    """The element names an observation's `data` showed: those of its view (`data['window']`, the `[start, end)` tree
+    lines a pager showed: `webgym.env.PagerEnv`), else of the whole accessibility tree."""
+    nodes = data.get("axtree") or []
+    if data.get("window"): nodes = nodes[data["window"][0]:data["window"][1]]
+    return [n["name"] for n in nodes if n.get("name")]
+
 def seen_text(obs: Observation | None) -> str:
-    "The page text an observation showed the agent."
+    "The page text an observation showed the agent (behind a pager: its view only)."
     if obs is None: return ""
     if obs.data and isinstance(obs.data.get("axtree"), list):
         url = obs.data.get("url") or ""
         head = next((part for part in (obs.text or "").split("\n\n") if url and part.endswith(url)), "")   # title + URL
-        return head + "\n" + "\n".join(n.get("name", "") for n in obs.data["axtree"] if n.get("name"))
+        return head + "\n" + "\n".join(shown_names(obs.data))
     lines = obs.text.splitlines()
     return "\n".join(lines[:2] + [json.loads(f'"{m}"') if "\\" in m else m for l in lines[2:] for m in _QUOTED.findall(l)])
 
@@ -396,10 +403,57 @@ def expert_answer(rubric: dict) -> str:
     if facts and all(f.get("answer") for f in facts): return "; ".join(f["answer"] for f in facts)
     return rubric.get("reference_answer") or ""
 
-def next_web_action(task: Task, pages: list[str], seen: set[str], data: dict | None, answer: bool = True) -> str | None:
-    "The scripted move on `task`: a click toward the first of `pages` not `seen`, then (with `answer`) the expert's answer."
+def find_phrase(fact: dict) -> str:
+    """What a reader searches a page for to locate `fact` (without knowing its value): the row a table fact names, the
+    description a definition fact quotes, a section's number; else the value itself."""
+    question = fact.get("question") or ""
+    quoted = _QUOTED.findall(question)
+    if fact.get("kind") == "table" and len(quoted) >= 2: return quoted[1]
+    if fact.get("kind") == "definition" and quoted: return quoted[0]
+    if fact.get("kind") == "heading" and (m := re.search(r"section (\S+)$", question)): return m.group(1)
+    return fact.get("answer") or ""
+
+def shown_on_pages(datas: list[dict | None]) -> dict[str, str]:
+    "Per page path, the `compact` text of what the observations' `data` showed (views separated by '|')."
+    out: dict[str, str] = {}
+    for d in datas:
+        if d and d.get("url"):
+            page = url_path(d["url"])
+            out[page] = out.get(page, "") + "|" + compact("".join(shown_names(d)))
+    return out
+
+def _find_action(text: str) -> str: return f"find({json.dumps(text)})"
+
+def _read_facts(task: Task, data: dict, shown: dict[str, str]) -> str | None:
+    """Behind a pager: a find that shows the next fact of the current page whose evidence (else value) no view has shown
+    whole yet (what the evaluator credits), else None."""
+    here = url_path(data.get("url", ""))
+    for g in task.rubric.get("groups") or []:
+        if g.get("page") != here: continue
+        for f in g.get("facts") or []:
+            if not f.get("answer"): continue
+            if compact((f.get("evidence") or {}).get("text", "") or f["answer"]) in shown.get(here, ""): continue
+            phrase, last = find_phrase(f), data.get("find")
+            if last == f["answer"]: continue        # not even the value itself brought it into view: skip the fact
+            return _find_action(f["answer"] if last == phrase else phrase)   # the phrase did not show the value: search the value
+    return None
+
+def next_web_action(task: Task, pages: list[str], seen: set[str], data: dict | None, answer: bool = True,
+                    shown: dict[str, str] | None = None) -> str | None:
+    """The scripted move on `task`: a click toward the first of `pages` not `seen`, then (with `answer`) the expert's answer.
+    Behind a pager (`data['window']`) it reads as a person would: on an evidence page it finds each fact's phrase
+    (`find_phrase`) until the value has been shown (`shown`, from `shown_on_pages`), and a link out of view is found
+    by its text before it is clicked."""
+    paged = bool(data) and data.get("window") is not None
+    if paged and (move := _read_facts(task, data, shown or {})): return move
     left = [p for p in pages if p not in seen]
-    if left: return click_toward(task.rubric["website"], data, left[0], set(seen) | {task.rubric.get("start_page")} - {None})
+    if left:
+        click = click_toward(task.rubric["website"], data, left[0], set(seen) | {task.rubric.get("start_page")} - {None})
+        if paged and click:
+            lid = int(click[len("click("):-1])
+            i = next(i for i, n in enumerate(data["axtree"]) if n.get("id") == lid)
+            if not data["window"][0] <= i < data["window"][1]: return _find_action(data["axtree"][i]["name"])
+        return click
     return f"answer({json.dumps(expert_answer(task.rubric))})" if answer else None
 
 # %% ../../nbs/62_webgym_evaluator.ipynb #d6e23420
@@ -415,7 +469,8 @@ class PageNavigator(ScriptedPolicy):
         super().__init__(agent); self.pages, self.answer = pages or {}, answer
     def choose(self, s: AgentState, rng) -> str | None:
         pages = self.pages.get(s.task.id, evidence_pages(s.task.rubric))
-        return next_web_action(s.task, pages, set(seen_pages(s)), s.data, self.answer)
+        shown = shown_on_pages([t.obs.data for t in s.turns if t.obs is not None] + [s.data])
+        return next_web_action(s.task, pages, set(seen_pages(s)), s.data, self.answer, shown)
 
 # %% ../../nbs/62_webgym_evaluator.ipynb #7d78450f
 INVENTED = ["it was deprecated in release 42.7", "the default is 977 kilobytes", "maintained by the Zyxel Foundation",

@@ -103,6 +103,7 @@ class WebGymConfig:
     budget_scale: float = 1.0
     eval_workers: int = 1                  # EvalQueue threads that judge finished episodes; 0 judges inline
     pooled: bool = False                   # browsers in EnvPool processes (one per env slot) instead of slot threads
+    page_window: int | None = None         # the agent sees this many characters of a page at a time (`PagerEnv`: scroll and find move the view); None: the whole tree, cut by the prompt
     expert_in_groups: bool = False         # add the expert's successful trace to each training group (off-policy; labelled "expert")
     train_judge: str = "rubric"            # the training reward's judge, a name in JUDGES (evaluation always uses the rubric)
     sft_turns: str = "all"                 # the warm start trains on "all" expert turns, or "click": navigation only
@@ -192,7 +193,7 @@ class WebGymHooks(RunHooks):
 def web_envs(sites: dict[str, str], cfg: WebGymConfig) -> Iterator[Callable[[], WebTaskEnv]]:
     "The factory of `cfg`'s web envs: in-thread browsers, or a pool of `cfg.run.n_envs` browser processes (closed on exit)."
     pool = browser_pool(sites, cfg.run.n_envs) if cfg.pooled else None
-    try: yield web_env_factory(sites, cfg.repetition_penalty, cfg.step_limit, cfg.budget_scale, pool)
+    try: yield web_env_factory(sites, cfg.repetition_penalty, cfg.step_limit, cfg.budget_scale, pool, window_chars=cfg.page_window)
     finally:
         if pool is not None: pool.close()
 
