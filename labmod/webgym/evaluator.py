@@ -22,8 +22,8 @@ __all__ = ['STOPWORDS', 'GENERIC', 'RUBRIC_JUDGE_PROMPT', 'RUBRIC_INSTRUCTIONS',
            'fact_terms', 'answer_clauses', 'credited_facts', 'evaluate_rubric', 'task_only_judge', 'parse_judge_reply',
            'judge_messages', 'judge_schema', 'llm_judge_verdicts', 'rubric_llm_judge', 'rubric_judge',
            'task_only_reward_judge', 'EvalQueue', 'click_toward', 'expert_answer', 'find_phrase', 'shown_on_pages',
-           'next_web_action', 'seen_pages', 'PageNavigator', 'labelled_trajectories', 'load_labelled_specs',
-           'hand_labelled', 'evaluate_evaluator', 'evaluator_table']
+           'find_action', 'next_web_action', 'seen_pages', 'PageNavigator', 'labelled_trajectories',
+           'load_labelled_specs', 'hand_labelled', 'evaluate_evaluator', 'evaluator_table']
 
 # %% ../../nbs/62_webgym_evaluator.ipynb #67e75577
 _QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"')
@@ -422,7 +422,9 @@ def shown_on_pages(datas: list[dict | None]) -> dict[str, str]:
             out[page] = out.get(page, "") + "|" + compact("".join(shown_names(d)))
     return out
 
-def _find_action(text: str) -> str: return f"find({json.dumps(text)})"
+def find_action(text: str, words: int = 8) -> str:
+    "The expert's find for `text`: its first `words` words (a find matches where the text begins)."
+    return f"find({json.dumps(' '.join(text.split()[:words]))})"
 
 def _read_facts(task: Task, data: dict, shown: dict[str, str]) -> str | None:
     """Behind a pager: a find that shows the next fact of the current page whose evidence (else value) no view has shown
@@ -433,9 +435,9 @@ def _read_facts(task: Task, data: dict, shown: dict[str, str]) -> str | None:
         for f in g.get("facts") or []:
             if not f.get("answer"): continue
             if compact((f.get("evidence") or {}).get("text", "") or f["answer"]) in shown.get(here, ""): continue
-            phrase, last = find_phrase(f), data.get("find")
-            if last == f["answer"]: continue        # not even the value itself brought it into view: skip the fact
-            return _find_action(f["answer"] if last == phrase else phrase)   # the phrase did not show the value: search the value
+            phrase, value, last = find_action(find_phrase(f)), find_action(f["answer"]), find_action(data.get("find") or "")
+            if last == value: continue        # not even the value itself brought it into view: skip the fact
+            return value if last == phrase else phrase   # the phrase did not show the value: search the value
     return None
 
 def next_web_action(task: Task, pages: list[str], seen: set[str], data: dict | None, answer: bool = True,
@@ -452,7 +454,7 @@ def next_web_action(task: Task, pages: list[str], seen: set[str], data: dict | N
         if paged and click:
             lid = int(click[len("click("):-1])
             i = next(i for i, n in enumerate(data["axtree"]) if n.get("id") == lid)
-            if not data["window"][0] <= i < data["window"][1]: return _find_action(data["axtree"][i]["name"])
+            if not data["window"][0] <= i < data["window"][1]: return find_action(data["axtree"][i]["name"])
         return click
     return f"answer({json.dumps(expert_answer(task.rubric))})" if answer else None
 

@@ -15,15 +15,16 @@ from ..rollout import RolloutEngine, RolloutConfig, apply_verdict
 from ..rl.config import RunConfig, ReinforceConfig
 from ..rl.run import RunTasks, RunHooks, train, demonstrations, warm_start, snapshot_weights, restore_weights, check_action_budget
 from ..rl.trainer import seed_everything
-from .rubric import difficulty_bin, rubric_difficulty, evidence_pages
-from .evaluator import EvalQueue, JUDGES, rubric_judge, seen_pages, next_web_action
+from .rubric import difficulty_bin, rubric_difficulty, evidence_pages, rubric_facts
+from .websites import link_path
+from .evaluator import EvalQueue, JUDGES, rubric_judge, seen_pages, next_web_action, find_phrase, find_action
 from .env import WebTaskEnv, web_env_factory, browser_pool
 
 # %% auto #0
 __all__ = ['MEMORY_SYSTEM', 'MEMORY_CLOSING', 'MEMORY_FORMAT', 'DIFFICULTY_MIXES', 'MemoryFormat', 'task_bin',
-           'sample_by_difficulty', 'tasks_from_sites', 'WebGymConfig', 'answer_turn_ids', 'fit_answer_budget', 'judged',
-           'click_turns_only', 'WebGymHooks', 'web_envs', 'expert_traces', 'train_webgym', 'compare_arms',
-           'arm_readings', 'rollout_throughput']
+           'sample_by_difficulty', 'tasks_from_sites', 'WebGymConfig', 'answer_turn_ids', 'expert_turn_ids',
+           'fit_answer_budget', 'judged', 'click_turns_only', 'WebGymHooks', 'web_envs', 'expert_traces',
+           'train_webgym', 'compare_arms', 'arm_readings', 'rollout_throughput']
 
 # %% ../../nbs/64_webgym_train.ipynb #b8e7e726
 MEMORY_SYSTEM = ("You are an expert agent operating in an interactive environment. You keep a memory of what "
@@ -119,7 +120,7 @@ class WebGymConfig:
         """The policy this config trains: `lm` with its prompt format, history window and generation settings; its
         budget must fit the expert's answer turn on every task of `tasks` (`fit_answer_budget`)."""
         agent = Agent(lm, format=self.format, history_k=self.history_k, max_new_tokens=self.max_new_tokens or 1, temperature=self.temperature)
-        return fit_answer_budget(agent, tasks, fitted=self.max_new_tokens is None)
+        return fit_answer_budget(agent, tasks, fitted=self.max_new_tokens is None, paged=self.page_window is not None)
 
 def answer_turn_ids(agent: Agent, task: Task) -> list[int]:
     "The token ids of the expert's answer turn on `task` in `agent`'s format (after every evidence page: the memory lists them all)."
@@ -128,10 +129,24 @@ def answer_turn_ids(agent: Agent, task: Task) -> list[int]:
     s = AgentState("", task=task, turns=seen, data=seen[-1].obs.data if seen else None)
     return agent.lm.tokenizer(agent.format.demo(next_web_action(task, pages, set(pages), None), s), add_special_tokens=False).input_ids
 
-def fit_answer_budget(agent: Agent, tasks: list[Task], fitted: bool = False) -> Agent:
-    """`agent` with `max_new_tokens` set to the expert's longest answer turn on `tasks` (`fitted`), or checked
-    against it with `rl.run.check_action_budget`: a budget that cannot hold an answer is a clear error."""
-    examples = [([], answer_turn_ids(agent, t)) for t in {t.id: t for t in tasks if t.rubric}.values()]
+def expert_turn_ids(agent: Agent, task: Task, paged: bool = False) -> list[list[int]]:
+    """The token ids of the expert's turns on `task` whose length depends on the task: its answer turn and, behind a
+    pager (`paged`), its finds: each fact's phrase and value, and the anchor texts on the way to each evidence page."""
+    out = [answer_turn_ids(agent, task)]
+    if paged:
+        texts = [x for f in rubric_facts(task.rubric) if f.get("answer") for x in (find_phrase(f), f["answer"])]
+        cur = task.rubric.get("start_page")
+        for page in evidence_pages(task.rubric):
+            texts += [a for a, _ in (link_path(task.rubric["website"], cur, page) or [])] if cur else []; cur = page
+        s = AgentState("", task=task)
+        out += [agent.lm.tokenizer(agent.format.demo(find_action(x), s), add_special_tokens=False).input_ids for x in texts]
+    return out
+
+def fit_answer_budget(agent: Agent, tasks: list[Task], fitted: bool = False, paged: bool = False) -> Agent:
+    """`agent` with `max_new_tokens` set to the expert's longest answer turn on `tasks` (behind a pager also its
+    longest find: `expert_turn_ids`) (`fitted`), or checked against it with `rl.run.check_action_budget`: a budget
+    that cannot hold them is a clear error."""
+    examples = [([], ids) for t in {t.id: t for t in tasks if t.rubric}.values() for ids in expert_turn_ids(agent, t, paged)]
     if fitted:
         if not examples: raise ValueError("WebGymConfig.max_new_tokens=None is fitted to the tasks' answers: pass the rubric tasks to make_agent(lm, tasks)")
         return dataclasses.replace(agent, max_new_tokens=max(len(c) for _, c in examples))
