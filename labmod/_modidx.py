@@ -1569,6 +1569,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                           'labmod/webgym/evaluator.py'),
                                          'labmod.webgym.evaluator.next_web_action': ( 'webgym_evaluator.html#next_web_action',
                                                                                       'labmod/webgym/evaluator.py'),
+                                         'labmod.webgym.evaluator.page_head': ( 'webgym_evaluator.html#page_head',
+                                                                                'labmod/webgym/evaluator.py'),
                                          'labmod.webgym.evaluator.parse_judge_reply': ( 'webgym_evaluator.html#parse_judge_reply',
                                                                                         'labmod/webgym/evaluator.py'),
                                          'labmod.webgym.evaluator.rubric_judge': ( 'webgym_evaluator.html#rubric_judge',

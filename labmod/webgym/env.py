@@ -9,7 +9,7 @@ from typing import Callable
 from ..core import Task, Observation, Step, Trajectory, Turn
 from ..envs.core import Env, EnvWrapper, EnvError, make_env
 from .rubric import bind_task, difficulty_bin, rubric_difficulty, evidence_pages, compact
-from .evaluator import evaluate_rubric, next_web_action, shown_on_pages
+from .evaluator import evaluate_rubric, next_web_action, shown_on_pages, page_head
 from .websites import site_host, url_path
 
 # %% auto #0
@@ -152,8 +152,7 @@ class PagerEnv(EnvWrapper):
     def _view(self, note: str = "", find: str | None = None) -> Observation:
         "The stored page shown from line `_start`: as many lines as fit `window_chars` (at least one)."
         obs, lines = self._obs, self._lines()
-        url = (obs.data or {}).get("url", "")
-        head = next((part for part in obs.text.split("\n\n") if url and part.endswith(url)), obs.text.split("\n\n")[0])
+        head = page_head(obs) or obs.text.split("\n\n")[0]
         end, used = self._start, 0
         while end < len(lines) and (end == self._start or used + len(lines[end]) + 1 <= self.window_chars):
             used += len(lines[end]) + 1; end += 1

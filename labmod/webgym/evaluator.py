@@ -17,7 +17,7 @@ from .websites import link_path, url_path, site_host
 
 # %% auto #0
 __all__ = ['STOPWORDS', 'GENERIC', 'RUBRIC_JUDGE_PROMPT', 'RUBRIC_INSTRUCTIONS', 'TASK_ONLY_INSTRUCTIONS', 'JUDGES', 'INVENTED',
-           'HAND_LABELLED_DIR', 'HAND_LABELLED_POSITIVE', 'shown_names', 'seen_text', 'trajectory_views',
+           'HAND_LABELLED_DIR', 'HAND_LABELLED_POSITIVE', 'shown_names', 'page_head', 'seen_text', 'trajectory_views',
            'RubricVerdict', 'answer_claims', 'contains_phrase', 'is_specific', 'specific_tokens', 'hallucinated_claims',
            'fact_terms', 'answer_clauses', 'credited_facts', 'evaluate_rubric', 'task_only_judge', 'parse_judge_reply',
            'judge_messages', 'judge_schema', 'llm_judge_verdicts', 'rubric_llm_judge', 'rubric_judge',
@@ -35,13 +35,16 @@ def shown_names(data: dict) -> list[str]:
     if data.get("window"): nodes = nodes[data["window"][0]:data["window"][1]]
     return [n["name"] for n in nodes if n.get("name")]
 
+def page_head(obs: Observation) -> str:
+    "The title and URL lines of a browser observation ('' when its text has none)."
+    url = (obs.data or {}).get("url") or ""
+    return next((part for part in (obs.text or "").split("\n\n") if url and part.endswith(url)), "")
+
 def seen_text(obs: Observation | None) -> str:
     "The page text an observation showed the agent (behind a pager: its view only)."
     if obs is None: return ""
     if obs.data and isinstance(obs.data.get("axtree"), list):
-        url = obs.data.get("url") or ""
-        head = next((part for part in (obs.text or "").split("\n\n") if url and part.endswith(url)), "")   # title + URL
-        return head + "\n" + "\n".join(shown_names(obs.data))
+        return page_head(obs) + "\n" + "\n".join(shown_names(obs.data))
     lines = obs.text.splitlines()
     return "\n".join(lines[:2] + [json.loads(f'"{m}"') if "\\" in m else m for l in lines[2:] for m in _QUOTED.findall(l)])
 
