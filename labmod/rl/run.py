@@ -16,13 +16,14 @@ from ..envs.core import Env
 from ..agent import Agent, ExpertPolicy, RandomPolicy
 from ..rollout import RolloutEngine, RolloutConfig
 from .config import GRPOConfig, GiGPOConfig, ReinforceConfig, PPOConfig, WarmStart, RunConfig, WARM_SOURCES
+from ..models import score_continuations
 from .samples import Sample, samples_from_groups, reinforce_samples, gigpo_samples, fill_batch, is_informative, group_rewards, trainable
 from .trainer import PolicyTrainer, PPOTrainer, latest_checkpoint, sft
 
 # %% auto #0
 __all__ = ['make_trainer', 'make_samples', 'TaskCursor', 'group_stats', 'train_loop', 'generate_group', 'target_token_collect',
            'demonstrations', 'check_action_budget', 'sft_examples', 'warm_start', 'evaluate', 'RunTasks', 'RunHooks',
-           'snapshot_weights', 'restore_weights', 'train']
+           'snapshot_weights', 'restore_weights', 'weights_fingerprint', 'train']
 
 # %% ../../nbs/34_rl_run.ipynb #c1f1442b
 def make_trainer(model, tokenizer, cfg: GRPOConfig, ref_model=None, accelerator=None) -> PolicyTrainer:
@@ -237,6 +238,12 @@ def snapshot_weights(lm) -> dict:
 def restore_weights(lm, snapshot: dict) -> None:
     "Load `snapshot` into `lm.model` and sync the generation engine."
     lm.model.load_state_dict(snapshot); lm.sync_weights()
+
+def weights_fingerprint(lm, n: int = 40) -> float:
+    """The log-prob `lm` gives a fixed token sequence (ids 1..n-1): equal weights read equal, so two runs whose fingerprints
+    agree start from the same weights in effect (a LoRA policy's B starts at 0) and a test of them reads the same episodes."""
+    probe = list(range(1, n))
+    return score_continuations(lm, probe[:-10], [probe[-10:]])[0]
 
 # %% ../../nbs/34_rl_run.ipynb #6ac43379
 _SUMMED = ("success", "return", "turns")   # per-episode means: summed over ranks weighted by episodes

@@ -82,6 +82,7 @@ class HeldOutConfig:
     n_envs: int = 4
     base: bool = True             # test before the first stage (off when another run already tested the same weights)
     seed: int | None = 0          # the tests' sampling seed: every test samples alike, so equal weights read equal (None: unseeded)
+    every_stage: bool = True      # test after every stage (False: only after the last, when only the end is compared)
 
 def evaluate_on(agent: Agent, make: Callable[[], Env], tasks: list[Task], cfg: HeldOutConfig) -> dict:
     "Held-out success, return and invalid-format rate of `agent` on `tasks` (`labmod.rl.run.evaluate`)."
@@ -153,12 +154,13 @@ def run_pipeline(agent: Agent, env_name: str, cfg: PipelineConfig, tasks: Pipeli
         out["tests"].append(row)
         if store is not None: store.log_metrics(None, stage=after, **{f"test/{k}": v for k, v in row.items() if k != "after"})
     if cfg.test.base: test("base")
-    for stage in cfg.stages:
+    for i, stage in enumerate(cfg.stages):
         t0 = time.perf_counter()
         res = _run_stage(stage, agent, make, env_name, cfg, tasks, store)
         res["stage"], res["wall_s"] = stage, time.perf_counter() - t0
         out["stages"].append(res); out["notes"] += [f"{stage}: {n}" for n in res.get("notes", [])]
-        _log_stage(store, res); test(stage)
+        _log_stage(store, res)
+        if cfg.test.every_stage or i == len(cfg.stages) - 1: test(stage)
     return out
 
 # %% ../../nbs/43_s2s_pipeline.ipynb #3d8b2089
