@@ -14,7 +14,7 @@ from ..agent import Agent, AgentState
 from ..models import load_lm
 from ..rollout import RolloutEngine, RolloutConfig
 from ..rl.config import GRPOConfig, GiGPOConfig, RunConfig, WarmStart
-from ..rl.run import RunTasks, train, evaluate, warm_start
+from ..rl.run import RunTasks, train, evaluate, warm_start, weights_fingerprint
 from ..lab.store import RunStore
 from .explore import ExploreConfig, RandomExplorer, explore, exploration_envs
 from .tasks import S2SBuildConfig, S2SDataset, build_s2s_dataset
@@ -22,7 +22,8 @@ from .verify import StateReachingEnv, STATE_REACHING_FORMAT
 
 # %% auto #0
 __all__ = ['STAGES', 'build_state_reaching_tasks', 'check_target_budget', 's2s_stage', 'task_rl_stage', 'sft_stage',
-           'HeldOutConfig', 'evaluate_on', 'PipelineConfig', 'PipelineTasks', 'run_pipeline', 'spread', 'Recipe']
+           'HeldOutConfig', 'evaluate_on', 'PipelineConfig', 'PipelineTasks', 'run_pipeline', 'SharedStart', 'spread',
+           'Recipe']
 
 # %% ../../nbs/43_s2s_pipeline.ipynb #b7c2fe97
 def build_state_reaching_tasks(env_name: str, source_tasks: list[Task], explorer=None, explore_cfg: ExploreConfig | None = None,
@@ -162,6 +163,28 @@ def run_pipeline(agent: Agent, env_name: str, cfg: PipelineConfig, tasks: Pipeli
         _log_stage(store, res)
         if cfg.test.every_stage or i == len(cfg.stages) - 1: test(stage)
     return out
+
+# %% ../../nbs/43_s2s_pipeline.ipynb #5a1c0e02
+class SharedStart:
+    "The start test of paired pipelines, read once while every seed starts from the same weights."
+    def __init__(self, tol: float = 1e-6): self.tol, self.fingerprint, self.test, self._fp = tol, None, None, None
+
+    def needs_test(self, lm) -> bool:
+        "Whether `lm`'s start must be tested: nothing recorded yet, or its weights differ from the recorded start's."
+        self._fp = weights_fingerprint(lm)
+        return self.test is None or abs(self._fp - self.fingerprint) > self.tol
+
+    def start_test(self, out: dict) -> dict:
+        "The start's test row of `out` (a `run_pipeline` result) when it tested the start, else the recorded one."
+        if self._fp is None: raise ValueError("call SharedStart.needs_test(agent.lm) before the pipeline runs")
+        base = next((t for t in out["tests"] if t["after"] == "base"), None)
+        if base is not None:
+            if self.test is None: self.fingerprint, self.test = self._fp, base
+            return base
+        if self.test is None or abs(self._fp - self.fingerprint) > self.tol:
+            raise ValueError("this pipeline's start was not tested and differs from the recorded start: run it with "
+                             "HeldOutConfig(base=True) when SharedStart.needs_test says so")
+        return self.test
 
 # %% ../../nbs/43_s2s_pipeline.ipynb #3d8b2089
 def spread(tasks: list[Task], n: int) -> list[Task]:
