@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 import torch
 from ..core import Task
-from ..envs.core import Env, SharedEnvs, env_factory
+from ..envs.core import Env, SharedEnvs, env_factory, list_tasks
 from ..agent import Agent, AgentState
 from ..models import load_lm
 from ..rollout import RolloutEngine, RolloutConfig
@@ -21,9 +21,9 @@ from .tasks import S2SBuildConfig, S2SDataset, build_s2s_dataset
 from .verify import StateReachingEnv, STATE_REACHING_FORMAT
 
 # %% auto #0
-__all__ = ['STAGES', 'build_state_reaching_tasks', 'check_target_budget', 's2s_stage', 'task_rl_stage', 'sft_stage',
-           'HeldOutConfig', 'evaluate_on', 'PipelineConfig', 'PipelineTasks', 'run_pipeline', 'SharedStart', 'spread',
-           'Recipe']
+__all__ = ['STAGES', 'TEST_SPLITS', 'build_state_reaching_tasks', 'check_target_budget', 's2s_stage', 'task_rl_stage',
+           'sft_stage', 'HeldOutConfig', 'evaluate_on', 'PipelineConfig', 'PipelineTasks', 'run_pipeline',
+           'SharedStart', 'spread', 'env_tasks', 'SplitSizes', 'TaskSplits', 'split_tasks', 'Recipe']
 
 # %% ../../nbs/43_s2s_pipeline.ipynb #b7c2fe97
 def build_state_reaching_tasks(env_name: str, source_tasks: list[Task], explorer=None, explore_cfg: ExploreConfig | None = None,
@@ -190,6 +190,46 @@ class SharedStart:
 def spread(tasks: list[Task], n: int) -> list[Task]:
     "`n` tasks spread evenly over the list (every game or family, not just the first)."
     return tasks[::max(1, len(tasks) // n)][:n]
+
+# %% ../../nbs/43_s2s_pipeline.ipynb #5b2d7c02
+TEST_SPLITS = {"textworld_express": ("dev", "test"), "scienceworld": ("dev", "test"),
+               "alfworld": ("eval_in_distribution", "eval_out_of_distribution")}
+
+def env_tasks(env: str, split: str, games: list[str] | None = None, sw_tasks: list[str] | None = None) -> list[Task]:
+    "`env`'s tasks of `split`, narrowed to TextWorld-Express `games` or ScienceWorld `sw_tasks` where given."
+    if env == "textworld_express" and games: return list_tasks(env, split=split, games=games)
+    if env == "scienceworld" and sw_tasks: return list_tasks(env, split=split, tasks=sw_tasks)
+    return list_tasks(env, split=split)
+
+@dataclass
+class SplitSizes:
+    "How many tasks each set of `split_tasks` holds."
+    explore: int          # exploration sources (the explorer's start states)
+    warm: int             # warm-start demo tasks
+    eval: int             # held-out test tasks, spread over the test split
+    sft: int = 0          # SFT demo tasks (the ordering experiment's SFT stage)
+    rl: int = 64          # task-RL training tasks
+
+@dataclass
+class TaskSplits:
+    "The disjoint task sets of a State2State experiment."
+    explore: list[Task]; warm: list[Task]; sft: list[Task]; rl_train: list[Task]; held_out: list[Task]
+    test_split: str       # the split `held_out` comes from
+
+def split_tasks(env: str, sizes: SplitSizes, games: list[str] | None = None, explore_games: list[str] | None = None,
+                sw_tasks: list[str] | None = None, test: int = 0) -> TaskSplits:
+    """Exploration sources from `explore_games` (TextWorld-Express; else `games`), then warm / SFT / RL tasks spread over
+    the rest of the training split, and held-out tests from `TEST_SPLITS[env][test]` (0 in-, 1 out-of-distribution)."""
+    if env not in TEST_SPLITS: raise ValueError(f"no test splits for env {env!r}: State2State runs on {sorted(TEST_SPLITS)}")
+    explore_src = spread(env_tasks(env, "train", explore_games or games, sw_tasks), sizes.explore)
+    seen = {t.id for t in explore_src}
+    pool = [t for t in spread(env_tasks(env, "train", games, sw_tasks), sizes.warm + sizes.sft + sizes.rl + sizes.explore) if t.id not in seen]
+    warm, sft = pool[:sizes.warm], pool[sizes.warm:sizes.warm + sizes.sft]
+    rl_train = pool[sizes.warm + sizes.sft:sizes.warm + sizes.sft + sizes.rl]
+    if not rl_train or len(sft) < sizes.sft:
+        raise ValueError(f"{env}: too few training tasks for {sizes}: {len(pool)} left after exploration; lower the sizes")
+    split = TEST_SPLITS[env][test]
+    return TaskSplits(explore_src, warm, sft, rl_train, spread(env_tasks(env, split, games, sw_tasks), sizes.eval), split)
 
 # %% ../../nbs/43_s2s_pipeline.ipynb #feb6f20c
 @dataclass
