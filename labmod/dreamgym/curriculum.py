@@ -4,7 +4,7 @@
 
 # %% ../../nbs/52_dreamgym_curriculum.ipynb #2a804b6a
 from __future__ import annotations
-import hashlib, random, re
+import dataclasses, hashlib, random, re
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Sequence
@@ -14,7 +14,7 @@ from ..envs.core import normalize_text
 from ..rl.run import RunHooks
 
 # %% auto #0
-__all__ = ['VARIATION_PROMPT', 'group_reward_variance', 'select_seed_tasks', 'kmeans_cosine', 'pseudo_groups',
+__all__ = ['VARIATION_PROMPT', 'group_reward_variance', 'select_seed_tasks', 'with_goal', 'kmeans_cosine', 'pseudo_groups',
            'pseudo_group_variance', 'parse_variations', 'TaskVariationGenerator', 'mix_tasks', 'CurriculumConfig',
            'Curriculum']
 
@@ -41,7 +41,15 @@ def select_seed_tasks(variance: dict[str, float], k: int, min_var: float = 1e-6)
     return ranked[:max(0, k)]
 
 # %% ../../nbs/52_dreamgym_curriculum.ipynb #0e49b492
-def _task_text(t: Task) -> str: return t.instruction or t.target or t.id
+def _task_text(t: Task) -> str:
+    "The goal a task states: its instruction or target (\"\" when it states none: the env gives it at reset)."
+    return t.instruction or t.metadata.get("instruction") or t.target or ""
+
+def with_goal(traj: Trajectory) -> Task:
+    """`traj`'s task with the goal its env stated at reset (`initial_obs.data["instruction"]`) where the task states none:
+    TextWorld-Express, ScienceWorld and ALFWorld tasks carry only a game and seed, their goal comes with the first observation."""
+    t, data = traj.task, (traj.initial_obs.data if traj.initial_obs is not None else None) or {}
+    return dataclasses.replace(t, instruction=data["instruction"]) if not _task_text(t) and data.get("instruction") else t
 
 def kmeans_cosine(x: np.ndarray, n_clusters: int, seed: int = 0, iters: int = 50) -> np.ndarray:
     "Cluster labels of the unit rows of `x` by spherical k-means (k-means++ start)."
@@ -68,7 +76,7 @@ def pseudo_groups(tasks: Sequence[Task], encoder, n_clusters: int, seed: int = 0
     "Tasks clustered by the embedding of their instruction; non-empty clusters, largest first."
     if not tasks: return []
     from labmod.dreamgym.replay import get_encoder
-    x = get_encoder(encoder).encode([_task_text(t) for t in tasks])
+    x = get_encoder(encoder).encode([_task_text(t) or t.id for t in tasks])
     labels = kmeans_cosine(x, n_clusters, seed)
     groups = defaultdict(list)
     for t, l in zip(tasks, labels): groups[int(l)].append(t)
@@ -113,6 +121,14 @@ def parse_variations(text: str) -> list[str]:
     return out
 
 # %% ../../nbs/52_dreamgym_curriculum.ipynb #e0b1fa5b
+_ECHO = ("write ", "here are", "here s ", "here is", "each variation", "explanation", "sentence ", "to create", "note ")
+_STOP = set("the and for you are but not all any can its out get new now your task this that with then once from into have will "
+            "must each they there their what when which where done enjoy lets let make sure while after before also only more some other".split())
+
+def _content_words(text: str) -> set[str]:
+    "The words of `text` a variation must share at least one of with its original (3+ letters, not instruction filler)."
+    return {w for w in normalize_text(text).split() if len(w) >= 3 and w.isalpha() and w not in _STOP}
+
 class TaskVariationGenerator:
     "Harder-but-feasible variations of seed tasks, written by an LM; robust parsing, dedup and rejection."
     def __init__(self, lm, max_new_tokens: int = 256, temperature: float = 0.8, top_p: float = 0.95,
@@ -132,8 +148,11 @@ class TaskVariationGenerator:
         if len(s) > self.max_chars: return "too long"
         if norm == normalize_text(_task_text(task)): return "identical to the original"
         if norm in seen: return "duplicate"
-        if "variation" in norm.split()[:3] or norm.startswith(("write ", "here are", "each variation")): return "prompt echo"
-        if sum(c.isalpha() or c.isspace() for c in s) < 0.8 * len(s): return "not text"
+        if "variation" in norm.split()[:3] or norm.startswith(_ECHO): return "prompt echo"
+        if sum(c.isalpha() or c.isspace() for c in s) < 0.8 * len(s) or "\ufffd" in s or "<|" in s: return "not text"
+        words, orig = _content_words(s), _content_words(_task_text(task))
+        if not words & orig: return "off topic"
+        if words <= orig: return "nothing new"
         return None
 
 # %% ../../nbs/52_dreamgym_curriculum.ipynb #b5cad88a
@@ -158,12 +177,16 @@ TaskVariationGenerator.accept = _accept
 # %% ../../nbs/52_dreamgym_curriculum.ipynb #b7cb2c18
 def _vary_many(self, tasks: Sequence[Task], n: int = 3, seed: int | None = 0) -> list[list[Task]]:
     "Up to `n` variations per task (one batched generation); a task whose answer is unusable gets []."
-    self.last_rejected = []
+    self.last_rejected, self.last_outputs = [], []
     if not tasks: return []
-    gens = self.lm.chat([self.messages(t, n) for t in tasks], max_new_tokens=self.max_new_tokens,
-                        temperature=self.temperature, top_p=self.top_p, seed=seed)
+    ok = [t for t in tasks if _task_text(t)]   # a task without a stated goal would be varied from its id: skipped, and said
+    self.last_rejected += [("", f"no goal text: task {t.id!r} states no instruction (pass the goal its env gives at reset, curriculum.with_goal)")
+                           for t in tasks if not _task_text(t)]
+    gens = self.lm.chat([self.messages(t, n) for t in ok], max_new_tokens=self.max_new_tokens,
+                        temperature=self.temperature, top_p=self.top_p, seed=seed) if ok else []
     self.last_outputs = [g.text for g in gens]
-    return [self.accept(parse_variations(g.text), t, n) for t, g in zip(tasks, gens)]
+    out = {t.id: self.accept(parse_variations(g.text), t, n) for t, g in zip(ok, gens)}
+    return [out.get(t.id, []) if _task_text(t) else [] for t in tasks]
 
 def _vary(self, task: Task, n: int = 3, seed: int | None = 0) -> list[Task]:
     return self.vary_many([task], n, seed)[0]
@@ -239,7 +262,9 @@ class Curriculum(RunHooks):
 def _groups(self, tasks: list[Task], groups: list[list[Trajectory]]) -> list[list[Trajectory]]:
     "Record the batch; on a round, generate new variations of its highest-variance tasks into the pool. The groups pass unchanged."
     for g in groups:
-        for t in g: self._seen.setdefault(t.task.id, t.task)
+        for tr in g:   # the task as varied: with the goal its env stated at reset where the task itself states none
+            known = self._seen.get(tr.task.id)
+            if known is None or not _task_text(known): self._seen[tr.task.id] = with_goal(tr)
     self._batches += 1
     if self._batches % self.cfg.every: return groups
     c, var = self.cfg, self.variance(groups)
