@@ -12,6 +12,7 @@ import numpy as np
 from ..core import Task, Trajectory
 from ..envs.core import normalize_text
 from ..rl.run import RunHooks
+from .data import instruction_of
 
 # %% auto #0
 __all__ = ['VARIATION_PROMPT', 'group_reward_variance', 'select_seed_tasks', 'with_goal', 'kmeans_cosine', 'pseudo_groups',
@@ -48,8 +49,8 @@ def _task_text(t: Task) -> str:
 def with_goal(traj: Trajectory) -> Task:
     """`traj`'s task with the goal its env stated at reset (`initial_obs.data["instruction"]`) where the task states none:
     TextWorld-Express, ScienceWorld and ALFWorld tasks carry only a game and seed, their goal comes with the first observation."""
-    t, data = traj.task, (traj.initial_obs.data if traj.initial_obs is not None else None) or {}
-    return dataclasses.replace(t, instruction=data["instruction"]) if not _task_text(t) and data.get("instruction") else t
+    goal = instruction_of(traj.task, traj.initial_obs) if traj.initial_obs is not None and not _task_text(traj.task) else ""
+    return dataclasses.replace(traj.task, instruction=goal) if goal else traj.task
 
 def kmeans_cosine(x: np.ndarray, n_clusters: int, seed: int = 0, iters: int = 50) -> np.ndarray:
     "Cluster labels of the unit rows of `x` by spherical k-means (k-means++ start)."
