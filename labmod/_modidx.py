@@ -450,6 +450,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                        'labmod.dreamgym.train.row_config': ('dreamgym_train.html#row_config', 'labmod/dreamgym/train.py'),
                                        'labmod.dreamgym.train.split_purpose': ( 'dreamgym_train.html#split_purpose',
                                                                                 'labmod/dreamgym/train.py'),
+                                       'labmod.dreamgym.train.task_generator_check': ( 'dreamgym_train.html#task_generator_check',
+                                                                                       'labmod/dreamgym/train.py'),
                                        'labmod.dreamgym.train.train_policy': ( 'dreamgym_train.html#train_policy',
                                                                                'labmod/dreamgym/train.py')},
             'labmod.envs.alfworld': { 'labmod.envs.alfworld.AlfWorldEnv': ('alfworld.html#alfworldenv', 'labmod/envs/alfworld.py'),

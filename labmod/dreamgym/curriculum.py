@@ -256,7 +256,10 @@ class Curriculum(RunHooks):
         return group_reward_variance(groups)
 
     def summary(self) -> dict:
-        return {"rounds": len(self.rounds), "synthetic_tasks": len(self.synthetic),
+        """Counts over the run: `rounds`, `seeded` (rounds that had a task with reward variance to vary: the generator
+        was asked), `accepted` / `rejected` variations and the pool's `synthetic_tasks`. A run with `seeded` rounds and
+        0 `accepted` trained as if the curriculum were off."""
+        return {"rounds": len(self.rounds), "seeded": sum(1 for r in self.rounds if r["seeds"]), "synthetic_tasks": len(self.synthetic),
                 "accepted": sum(r["accepted"] for r in self.rounds), "rejected": sum(r["rejected"] for r in self.rounds)}
 
 # %% ../../nbs/52_dreamgym_curriculum.ipynb #e5531193

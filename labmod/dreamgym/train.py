@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses, threading, time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 from ..core import Task, Observation, Step, Trajectory
 from ..envs.core import Env, EnvWrapper, make_env
 from ..agent import Agent
@@ -19,7 +19,8 @@ from .curriculum import Curriculum, CurriculumConfig, TaskVariationGenerator
 
 # %% auto #0
 __all__ = ['MODES', 'InteractionCounter', 'split_purpose', 'CountingEnv', 'AbstractStateEnv', 'TaskRoutedEnv', 'DreamGymConfig',
-           'SyntheticHooks', 'phase_curve', 'train_policy', 'PolicySpec', 'row_config', 'dreamgym_row']
+           'SyntheticHooks', 'phase_curve', 'train_policy', 'PolicySpec', 'row_config', 'dreamgym_row',
+           'task_generator_check']
 
 # %% ../../nbs/54_dreamgym_train.ipynb #b670d44b
 class InteractionCounter:
@@ -204,13 +205,29 @@ def row_config(recipe: DreamGymConfig, mode: str, algo: str, seed: int) -> Dream
                                curriculum=recipe.curriculum if mode != "real" else None)
 
 # %% ../../nbs/54_dreamgym_train.ipynb #0e95f573
-def dreamgym_row(em: ExperienceModel | None, tasks: RunTasks, cfg: DreamGymConfig, policy: PolicySpec | None = None) -> dict:
-    "One row of a DreamGym table: a fresh `policy` trained as `cfg` says; a flat record of what it reached and what it cost."
+def dreamgym_row(em: ExperienceModel | None, tasks: RunTasks, cfg: DreamGymConfig, policy: PolicySpec | None = None,
+                 variation_lm=None) -> dict:
+    """One row of a DreamGym table: a fresh `policy` trained as `cfg` says (the curriculum's tasks written by `variation_lm`,
+    by default the experience model's LM); a flat record of what it reached and what it cost."""
     agent, name = _fresh_policy(policy or PolicySpec(), cfg.run.seed), tasks.train[0].env
-    res = train_policy(agent, lambda: make_env(name), tasks, cfg, em=em)
+    res = train_policy(agent, lambda: make_env(name), tasks, cfg, em=em, variation_lm=variation_lm)
     ri, cur = res["real_interactions"], res["curriculum"]
     return {"seed": cfg.run.seed, "mode": cfg.mode, "algo": cfg.algo, "success_before": res["before"]["success"],
             "success": res["after"]["success"], "real_train_steps": res["real_train_steps"],
             "real_train_resets": ri.get("train_resets", 0), "real_eval_resets": ri.get("eval_resets", 0),
             "eval_episodes": res["after"]["episodes"], "wall_s": res["wall_s"], "curve": res["curve"],
             **({f"curriculum_{k}": v for k, v in cur.summary().items()} if cur is not None else {})}
+
+# %% ../../nbs/54_dreamgym_train.ipynb #3b9f0a41
+def task_generator_check(rows: Sequence[dict]) -> tuple[bool, str]:
+    "`(ok, detail)`: did the curriculum of every row that ran one (`curriculum_*` counts) accept a generated task?"
+    rows = [r for r in rows if r.get("curriculum_rounds") is not None]
+    if not rows: return False, "no row ran the curriculum"
+    per = "; ".join(f"seed {r['seed']} {r['mode']}: {r['curriculum_accepted']} accepted, {r['curriculum_rejected']} rejected "
+                    f"in {r['curriculum_seeded']} seeded of {r['curriculum_rounds']} rounds" for r in rows)
+    none = [r for r in rows if r["curriculum_accepted"] == 0]
+    if not none: return True, per
+    why = ("the generator accepted none of its variations" if any(r["curriculum_seeded"] for r in none)
+           else "no round had a task with reward variance to vary")
+    return False, (f"{len(none)} of {len(rows)} curriculum rows trained with no generated task ({why}): there 'with the task "
+                   f"generator' is 'without' by construction. {per}")
