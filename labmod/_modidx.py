@@ -298,6 +298,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                  'labmod/dreamgym/fidelity.py'),
                                           'labmod.dreamgym.fidelity.fit_experience_model': ( 'dreamgym_fidelity.html#fit_experience_model',
                                                                                              'labmod/dreamgym/fidelity.py'),
+                                          'labmod.dreamgym.fidelity.judge_predictions': ( 'dreamgym_fidelity.html#judge_predictions',
+                                                                                          'labmod/dreamgym/fidelity.py'),
                                           'labmod.dreamgym.fidelity.multi_step_divergence': ( 'dreamgym_fidelity.html#multi_step_divergence',
                                                                                               'labmod/dreamgym/fidelity.py'),
                                           'labmod.dreamgym.fidelity.one_step_baselines': ( 'dreamgym_fidelity.html#one_step_baselines',

@@ -22,10 +22,10 @@ from .experience import (EMGeneration, EMTrainConfig, ExperienceModel, Synthetic
 from .train import AbstractStateEnv, DreamGymConfig, PolicySpec, _fresh_policy
 
 # %% auto #0
-__all__ = ['TRANSITION_JUDGE_PROMPT', 'TRANSITION_JUDGE_KEYS', 'state_similarity', 'token_f1', 'cohen_kappa',
-           'one_step_baselines', 'fidelity', 'multi_step_divergence', 'agreement_stats', 'replay_agreement',
-           'AgreementConfig', 'onpolicy_agreement', 'default_judge_lm', 'transition_judge', 'EMConfig',
-           'fit_experience_model', 'warm_policy_agreement', 'env_steps_per_s']
+__all__ = ['TRANSITION_JUDGE_PROMPT', 'TRANSITION_JUDGE_KEYS', 'TRANSITION_JUDGE_SCHEMA', 'state_similarity', 'token_f1',
+           'cohen_kappa', 'one_step_baselines', 'fidelity', 'multi_step_divergence', 'agreement_stats',
+           'replay_agreement', 'AgreementConfig', 'onpolicy_agreement', 'default_judge_lm', 'judge_predictions',
+           'transition_judge', 'EMConfig', 'fit_experience_model', 'warm_policy_agreement', 'env_steps_per_s']
 
 # %% ../../nbs/55_dreamgym_fidelity.ipynb #a48401a7
 def state_similarity(a: str | None, b: str | None) -> float:
@@ -212,6 +212,9 @@ Score each criterion 0, 1 or 2:
 Answer only with JSON: {{"causal": n, "informative": n, "diverse": n, "hallucination": n}}"""
 
 TRANSITION_JUDGE_KEYS = ("causal", "informative", "diverse", "hallucination")
+# the answer's JSON schema: a constrained judge (vLLM structured outputs) can write nothing else
+TRANSITION_JUDGE_SCHEMA = {"type": "object", "properties": {k: {"type": "integer", "enum": [0, 1, 2]} for k in TRANSITION_JUDGE_KEYS},
+                           "required": list(TRANSITION_JUDGE_KEYS), "additionalProperties": False}
 
 def default_judge_lm():
     "An OpenAI-backend judge LM when LABMOD_JUDGE_MODEL names one, else None."
@@ -234,21 +237,32 @@ def _judge_scores(texts: Sequence[str]) -> dict:
     return {**{k: float(np.mean(v)) if v else None for k, v in scores.items()}, "unparsed": unparsed}
 
 # %% ../../nbs/55_dreamgym_fidelity.ipynb #7427da95
-def transition_judge(em: ExperienceModel, transitions: Sequence[Transition], judge=None, max_new_tokens: int = 96) -> dict:
-    "Mean 0-2 judge scores of `em`'s predictions on `transitions`; {'skipped': why} when no judge is configured."
-    judge = judge if judge is not None else default_judge_lm()
-    if judge is None:
-        return {"skipped": "no LLM judge configured: set LABMOD_JUDGE_MODEL (and openai_base_url in settings.ini) to score with one"}
-    ts = list(transitions)
-    outs = em.predict_many([EMQuery.of(t, exclude_own_task=False) for t in ts])
+def judge_predictions(transitions: Sequence[Transition], preds: Sequence[tuple], judge, max_new_tokens: int = 96,
+                      constrained: bool = False) -> dict:
+    """Mean 0-2 scores the LM `judge` gives `preds` (one `(next_state, reward, done)` per transition; `next_state` None:
+    a malformed answer) on `transitions`, greedy; `constrained`: decoded under `TRANSITION_JUDGE_SCHEMA` (vLLM's
+    structured outputs: the vllm, vllm-serve and openai backends). Any predictor can be judged this way, the trivial
+    ones too (copy the state; the real next state itself), which is how a judge is checked before it is believed."""
+    ts, preds = list(transitions), list(preds)
+    if len(ts) != len(preds): raise ValueError(f"{len(preds)} predictions for {len(ts)} transitions")
     msgs = [[{"role": "user", "content": TRANSITION_JUDGE_PROMPT.format(
-                env=t.env, instruction=t.instruction, state=t.state, action=t.action, pred=o.next_state if o.ok else "(malformed answer)",
-                reward=o.reward, done=o.done, true=t.next_state)}] for t, o in zip(ts, outs)]
-    try: gens = judge.chat(msgs, max_new_tokens=max_new_tokens, temperature=0.0)
+                env=t.env, instruction=t.instruction, state=t.state, action=t.action, pred=s if s is not None else "(malformed answer)",
+                reward=r, done=d, true=t.next_state)}] for t, (s, r, d) in zip(ts, preds)]
+    try: gens = judge.chat(msgs, max_new_tokens=max_new_tokens, temperature=0.0,
+                           **({"json_schema": TRANSITION_JUDGE_SCHEMA} if constrained else {}))
     except Exception as e:
         raise RuntimeError(f"the transition judge ({getattr(judge, 'backend', '?')}, {getattr(judge, 'name', '?')!r}) failed: "
                            f"{type(e).__name__}: {e}") from e
     return {**_judge_scores([g.text for g in gens]), "n": len(ts)}
+
+def transition_judge(em: ExperienceModel, transitions: Sequence[Transition], judge=None, max_new_tokens: int = 96,
+                     constrained: bool = False) -> dict:
+    "Mean 0-2 judge scores of `em`'s predictions on `transitions` (`judge_predictions`); {'skipped': why} when no judge is configured."
+    judge = judge if judge is not None else default_judge_lm()
+    if judge is None:
+        return {"skipped": "no LLM judge configured: set LABMOD_JUDGE_MODEL (and openai_base_url in settings.ini) to score with one"}
+    outs = em.predict_many([EMQuery.of(t, exclude_own_task=False) for t in transitions])
+    return judge_predictions(transitions, [(o.next_state if o.ok else None, o.reward, o.done) for o in outs], judge, max_new_tokens, constrained)
 
 # %% ../../nbs/55_dreamgym_fidelity.ipynb #3198383c
 @dataclass
