@@ -207,11 +207,15 @@ def _draw(pool: Sequence[Task], n: int, r: random.Random) -> list[Task]:
     return out
 
 def mix_tasks(real: Sequence[Task], synthetic: Sequence[Task], lam: float, batch_size: int, rng=0) -> list[Task]:
-    "A shuffled batch of `batch_size` tasks with min(floor(lam * batch_size), len(synthetic)) synthetic ones."
+    """A shuffled batch of `batch_size` tasks, `n` of them synthetic (at most `len(synthetic)`): n = ⌊λ·B⌋, plus one with
+    probability λ·B − ⌊λ·B⌋, so the expected synthetic share is λ at any batch size. (A plain floor mixes none into a
+    batch smaller than 1/λ: at 2 tasks per batch and λ = 0.25 the curriculum would never play a generated task.)"""
     if not 0.0 <= lam <= 1.0: raise ValueError(f"lam must be in [0, 1], got {lam}")
     if batch_size < 0: raise ValueError(f"batch_size must be >= 0, got {batch_size}")
     r = _rng(rng)
-    n_syn = min(int(np.floor(lam * batch_size + 1e-9)), len(synthetic))
+    whole = int(np.floor(lam * batch_size + 1e-9))
+    frac = lam * batch_size - whole
+    n_syn = min(whole + (1 if frac > 1e-9 and r.random() < frac else 0), len(synthetic))
     n_real = batch_size - n_syn
     if n_real and not real:
         if not synthetic: raise ValueError("mix_tasks needs at least one real or synthetic task")
@@ -257,10 +261,11 @@ class Curriculum(RunHooks):
 
     def summary(self) -> dict:
         """Counts over the run: `rounds`, `seeded` (rounds that had a task with reward variance to vary: the generator
-        was asked), `accepted` / `rejected` variations and the pool's `synthetic_tasks`. A run with `seeded` rounds and
+        was asked), `accepted` / `rejected` variations, the pool's `synthetic_tasks` and the synthetic groups `played`. A run with `seeded` rounds and
         0 `accepted` trained as if the curriculum were off."""
         return {"rounds": len(self.rounds), "seeded": sum(1 for r in self.rounds if r["seeds"]), "synthetic_tasks": len(self.synthetic),
-                "accepted": sum(r["accepted"] for r in self.rounds), "rejected": sum(r["rejected"] for r in self.rounds)}
+                "accepted": sum(r["accepted"] for r in self.rounds), "rejected": sum(r["rejected"] for r in self.rounds),
+                "played": sum(r["synthetic_groups_played"] for r in self.rounds)}
 
 # %% ../../nbs/52_dreamgym_curriculum.ipynb #e5531193
 def _groups(self, tasks: list[Task], groups: list[list[Trajectory]]) -> list[list[Trajectory]]:

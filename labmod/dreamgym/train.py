@@ -220,14 +220,16 @@ def dreamgym_row(em: ExperienceModel | None, tasks: RunTasks, cfg: DreamGymConfi
 
 # %% ../../nbs/54_dreamgym_train.ipynb #3b9f0a41
 def task_generator_check(rows: Sequence[dict]) -> tuple[bool, str]:
-    "`(ok, detail)`: did the curriculum of every row that ran one (`curriculum_*` counts) accept a generated task?"
+    "`(ok, detail)`: did the curriculum of every row that ran one (`curriculum_*` counts) accept a generated task and play it?"
     rows = [r for r in rows if r.get("curriculum_rounds") is not None]
     if not rows: return False, "no row ran the curriculum"
     per = "; ".join(f"seed {r['seed']} {r['mode']}: {r['curriculum_accepted']} accepted, {r['curriculum_rejected']} rejected "
-                    f"in {r['curriculum_seeded']} seeded of {r['curriculum_rounds']} rounds" for r in rows)
-    none = [r for r in rows if r["curriculum_accepted"] == 0]
+                    f"in {r['curriculum_seeded']} seeded of {r['curriculum_rounds']} rounds, {r['curriculum_played']} synthetic groups played"
+                    for r in rows)
+    none = [r for r in rows if r["curriculum_accepted"] == 0 or r["curriculum_played"] == 0]
     if not none: return True, per
-    why = ("the generator accepted none of its variations" if any(r["curriculum_seeded"] for r in none)
+    why = ("no generated task was mixed into a batch" if all(r["curriculum_accepted"] for r in none)
+           else "the generator accepted none of its variations" if any(r["curriculum_seeded"] for r in none)
            else "no round had a task with reward variance to vary")
     return False, (f"{len(none)} of {len(rows)} curriculum rows trained with no generated task ({why}): there 'with the task "
                    f"generator' is 'without' by construction. {per}")
