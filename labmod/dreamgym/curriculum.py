@@ -207,15 +207,11 @@ def _draw(pool: Sequence[Task], n: int, r: random.Random) -> list[Task]:
     return out
 
 def mix_tasks(real: Sequence[Task], synthetic: Sequence[Task], lam: float, batch_size: int, rng=0) -> list[Task]:
-    """A shuffled batch of `batch_size` tasks, `n` of them synthetic (at most `len(synthetic)`): n = ⌊λ·B⌋, plus one with
-    probability λ·B − ⌊λ·B⌋, so the expected synthetic share is λ at any batch size. (A plain floor mixes none into a
-    batch smaller than 1/λ: at 2 tasks per batch and λ = 0.25 the curriculum would never play a generated task.)"""
+    "A shuffled batch of `batch_size` tasks with min(floor(lam * batch_size), len(synthetic)) synthetic ones."
     if not 0.0 <= lam <= 1.0: raise ValueError(f"lam must be in [0, 1], got {lam}")
     if batch_size < 0: raise ValueError(f"batch_size must be >= 0, got {batch_size}")
     r = _rng(rng)
-    whole = int(np.floor(lam * batch_size + 1e-9))
-    frac = lam * batch_size - whole
-    n_syn = min(whole + (1 if frac > 1e-9 and r.random() < frac else 0), len(synthetic))
+    n_syn = min(int(np.floor(lam * batch_size + 1e-9)), len(synthetic))
     n_real = batch_size - n_syn
     if n_real and not real:
         if not synthetic: raise ValueError("mix_tasks needs at least one real or synthetic task")
@@ -248,11 +244,20 @@ class Curriculum(RunHooks):
         self.synthetic: list[Task] = []    # the pool of generated tasks
         self.rounds: list[dict] = []
         self._rng, self._seen, self._batches = random.Random(seed), {}, 0
+        self._slots = self._mixed = 0      # batch slots, and synthetic tasks mixed in, since the pool had its first task
 
     def tasks(self, tasks: list[Task]) -> list[Task]:
-        "`tasks` with up to ⌊λ·len⌋ of them replaced by synthetic tasks."
+        """`tasks` with some replaced by synthetic ones, so that since the pool's first task the synthetic share never
+        exceeds λ: ⌊λ·(slots so far + this batch)⌋ − (synthetic so far). A per-batch ⌊λ·len⌋ would mix none into a
+        batch smaller than 1/λ (2 tasks at λ = 0.25: a generated task would never be played); this plays one every
+        other batch there, and exactly ⌊λ·len⌋ per batch where λ·len is whole."""
         for t in tasks: self._seen[t.id] = t
-        return mix_tasks(list(tasks), self.synthetic, self.cfg.lam, len(tasks), self._rng) if self.synthetic else list(tasks)
+        if not self.synthetic or not tasks: return list(tasks)
+        n = min(int(np.floor(self.cfg.lam * (self._slots + len(tasks)) + 1e-9)) - self._mixed, len(tasks))
+        self._slots += len(tasks)
+        batch = mix_tasks(list(tasks), self.synthetic, n / len(tasks), len(tasks), self._rng)
+        self._mixed += sum(1 for t in batch if t.metadata.get("synthetic"))
+        return batch
 
     def variance(self, groups: Sequence[Sequence[Trajectory]]) -> dict[str, float]:
         if self.cfg.encoder is not None and groups and all(len(g) == 1 for g in groups):
@@ -265,7 +270,7 @@ class Curriculum(RunHooks):
         0 `accepted` trained as if the curriculum were off."""
         return {"rounds": len(self.rounds), "seeded": sum(1 for r in self.rounds if r["seeds"]), "synthetic_tasks": len(self.synthetic),
                 "accepted": sum(r["accepted"] for r in self.rounds), "rejected": sum(r["rejected"] for r in self.rounds),
-                "played": sum(r["synthetic_groups_played"] for r in self.rounds)}
+                "played": self._mixed}
 
 # %% ../../nbs/52_dreamgym_curriculum.ipynb #e5531193
 def _groups(self, tasks: list[Task], groups: list[list[Trajectory]]) -> list[list[Trajectory]]:
