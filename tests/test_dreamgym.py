@@ -14,7 +14,7 @@ from labmod.dreamgym.experience import (EMGeneration, EMTrainConfig, ExperienceM
                                         cache_initial_states, tiny_experience_lm, train_experience_model)
 from labmod.dreamgym.curriculum import CurriculumConfig
 from labmod.dreamgym.train import (AbstractStateEnv, CountingEnv, DreamGymConfig, InteractionCounter, PolicySpec, _fresh_policy,
-                                   row_config, train_policy)
+                                   S2RBudget, row_config, train_policy)
 from labmod.dreamgym.fidelity import EMConfig, fidelity, fit_experience_model, multi_step_divergence, onpolicy_agreement, transition_judge
 from labmod.dreamgym.replay import ReplayBuffer, get_encoder
 
@@ -196,7 +196,7 @@ def test_real_interaction_counter_counts_only_real_steps(data):
     em = ExperienceModel(tiny_experience_lm(), data["buf"], PLAIN, EMGeneration(max_new_tokens=16, retries=0))
     agent = _warm_policy(data, seed=2)
     cfg = DreamGymConfig(run=_run(steps=1, groups_per_step=1, group_size=2, max_turns=2, n_envs=1, algo=GRPOConfig(lr=1e-4)),
-                         mode="dreamgym_s2r", s2r_steps=1)
+                         mode="dreamgym_s2r", s2r=S2RBudget(1))
     res = train_policy(agent, lambda: make_env(ENV), RunTasks(data["train_tasks"][:1], data["held_tasks"][:1]), cfg, em=em)
     s2r_turns = sum(r["turns_mean"] * r["trajectories"] for r in res["phases"]["s2r"]["history"])
     assert set(res["phases"]) == {"synthetic", "s2r"}

@@ -12,15 +12,15 @@ from ..core import Task, Observation, Step, Trajectory
 from ..envs.core import Env, EnvWrapper, make_env
 from ..agent import Agent
 from ..rl.config import RunConfig, GRPOConfig, PPOConfig
-from ..rl.run import RunHooks, RunTasks, train
+from ..rl.run import RunHooks, RunTasks, restore_weights, snapshot_weights, train
 from .data import abstract_state, transitions
 from .experience import ExperienceModel, SyntheticEnv, cache_initial_states, tiny_experience_lm
 from .curriculum import Curriculum, CurriculumConfig, TaskVariationGenerator
 
 # %% auto #0
-__all__ = ['MODES', 'InteractionCounter', 'split_purpose', 'CountingEnv', 'AbstractStateEnv', 'TaskRoutedEnv', 'DreamGymConfig',
-           'SyntheticHooks', 'phase_curve', 'train_policy', 'PolicySpec', 'row_config', 'dreamgym_row',
-           'task_generator_check']
+__all__ = ['MODES', 'InteractionCounter', 'split_purpose', 'CountingEnv', 'AbstractStateEnv', 'TaskRoutedEnv', 'S2RBudget',
+           'DreamGymConfig', 'SyntheticHooks', 'phase_curve', 'train_policy', 'PolicySpec', 'row_config',
+           'dreamgym_row', 's2r_sweep', 'task_generator_check']
 
 # %% ../../nbs/54_dreamgym_train.ipynb #b670d44b
 class InteractionCounter:
@@ -82,12 +82,29 @@ class TaskRoutedEnv(Env):
 MODES = ("real", "dreamgym", "dreamgym_s2r")
 
 @dataclass
+class S2RBudget:
+    "S2R's real phase: its real-env updates and their size (None: the run's). Its real episodes are their product."
+    steps: int = 2                       # real-env updates after the synthetic ones
+    groups_per_step: int | None = None   # tasks per real update (None: run.groups_per_step)
+    group_size: int | None = None        # rollouts per task in a real update (None: run.group_size)
+
+    def of(self, run: RunConfig) -> RunConfig:
+        "`run` with this budget's updates and batch (the rest, warm start included, as `run` has it)."
+        return dataclasses.replace(run, steps=self.steps, groups_per_step=self.groups_per_step or run.groups_per_step,
+                                   group_size=self.group_size or run.group_size)
+    def episodes(self, run: RunConfig) -> int:
+        "Real training episodes of this budget on `run` (without dynamic sampling, which may play more)."
+        r = self.of(run); return r.steps * r.groups_per_step * r.group_size
+    @property
+    def label(self) -> str: return f"{self.steps}x{self.groups_per_step or 'G'}x{self.group_size or 'N'}"
+
+@dataclass
 class DreamGymConfig:
     "A DreamGym policy training: the shared run, and where its experience comes from."
     run: RunConfig = field(default_factory=RunConfig)   # the RL run; `run.algo` (GRPOConfig or PPOConfig) is the update
     mode: str = "dreamgym"                    # "real" RL, "dreamgym" (synthetic only) or "dreamgym_s2r" (synthetic, then real)
     synthetic_lr: float | None = None         # the policy's lr in the synthetic phase (None: run.algo.lr)
-    s2r_steps: int = 2                        # real updates after the synthetic ones (dreamgym_s2r)
+    s2r: S2RBudget = field(default_factory=S2RBudget)   # the real phase after the synthetic one (dreamgym_s2r)
     max_synthetic_steps: int | None = None    # a synthetic episode's step limit (None: run.max_turns)
     abstract_obs: bool = True                 # the policy sees abstract states in the real env too
     reward_gate: bool = False                 # SyntheticEnv(gate_rewards=True): no reward for unlisted actions
@@ -128,7 +145,7 @@ def _synthetic_run(cfg: DreamGymConfig) -> RunConfig:
     return dataclasses.replace(cfg.run, algo=dataclasses.replace(cfg.run.algo, lr=cfg.synthetic_lr))
 
 def _s2r_run(cfg: DreamGymConfig) -> RunConfig:
-    return dataclasses.replace(cfg.run, steps=cfg.s2r_steps, warm=dataclasses.replace(cfg.run.warm, epochs=0))
+    return dataclasses.replace(cfg.s2r.of(cfg.run), warm=dataclasses.replace(cfg.run.warm, epochs=0))
 
 # %% ../../nbs/54_dreamgym_train.ipynb #6508830b
 def phase_curve(phases: dict[str, dict]) -> list[dict]:
@@ -168,7 +185,7 @@ def train_policy(agent: Agent, real_env_factory: Callable[[], Env], tasks: RunTa
             gen = TaskVariationGenerator(variation_lm if variation_lm is not None else em.lm, max_new_tokens=cfg.curriculum.max_new_tokens)
             cur = Curriculum(gen, cfg.curriculum, seed=cfg.run.seed)
         phases["synthetic"] = train(agent, synthetic, tasks, _synthetic_run(cfg), SyntheticHooks(em, cur, cfg.enrich))
-        if cfg.mode == "dreamgym_s2r" and cfg.s2r_steps > 0:
+        if cfg.mode == "dreamgym_s2r" and cfg.s2r.steps > 0:
             phases["s2r"] = train(agent, real, dataclasses.replace(tasks, warm=[]), _s2r_run(cfg))
     counts, runs = counter.as_dict(), list(phases.values())
     return {"mode": cfg.mode, "algo": cfg.algo, "phases": phases, "before": runs[0]["before"], "after": runs[-1]["after"],
@@ -210,13 +227,39 @@ def dreamgym_row(em: ExperienceModel | None, tasks: RunTasks, cfg: DreamGymConfi
     """One row of a DreamGym table: a fresh `policy` trained as `cfg` says (the curriculum's tasks written by `variation_lm`,
     by default the experience model's LM); a flat record of what it reached and what it cost."""
     agent, name = _fresh_policy(policy or PolicySpec(), cfg.run.seed), tasks.train[0].env
-    res = train_policy(agent, lambda: make_env(name), tasks, cfg, em=em, variation_lm=variation_lm)
+    return _record(cfg, train_policy(agent, lambda: make_env(name), tasks, cfg, em=em, variation_lm=variation_lm))
+
+def _record(cfg: DreamGymConfig, res: dict) -> dict:
+    "The flat record of one row from its `train_policy` result."
     ri, cur = res["real_interactions"], res["curriculum"]
     return {"seed": cfg.run.seed, "mode": cfg.mode, "algo": cfg.algo, "success_before": res["before"]["success"],
             "success": res["after"]["success"], "real_train_steps": res["real_train_steps"],
             "real_train_resets": ri.get("train_resets", 0), "real_eval_resets": ri.get("eval_resets", 0),
             "eval_episodes": res["after"]["episodes"], "wall_s": res["wall_s"], "curve": res["curve"],
             **({f"curriculum_{k}": v for k, v in cur.summary().items()} if cur is not None else {})}
+
+def s2r_sweep(em: ExperienceModel, tasks: RunTasks, cfg: DreamGymConfig, budgets: Sequence[S2RBudget],
+              policy: PolicySpec | None = None, variation_lm=None) -> list[dict]:
+    """DreamGym-S2R at several real budgets from one synthetic phase: a fresh `policy` trains in the `SyntheticEnv` as
+    `cfg` says (its `dreamgym` row is the first record); then, per budget, a copy of those weights runs S2R's real phase
+    (`cfg.run` at its own lr, no warm start). A budget's record is a `dreamgym_s2r` row whose real training steps are
+    its real phase's, with `s2r_budget` (the label), `s2r_episodes`, `s2r_effective_updates` and `success_synthetic`
+    (the real phase's first reading: the synthetic weights read again)."""
+    agent, name = _fresh_policy(policy or PolicySpec(), cfg.run.seed), tasks.train[0].env
+    syn_cfg = dataclasses.replace(cfg, mode="dreamgym")
+    syn = train_policy(agent, lambda: make_env(name), tasks, syn_cfg, em=em, variation_lm=variation_lm)
+    rows, start = [_record(syn_cfg, syn)], snapshot_weights(agent.lm)
+    for b in budgets:
+        restore_weights(agent.lm, start)
+        s2r_cfg = dataclasses.replace(cfg, mode="dreamgym_s2r", s2r=b)
+        real_cfg = dataclasses.replace(s2r_cfg, mode="real", curriculum=None, run=_s2r_run(s2r_cfg))
+        res = train_policy(agent, lambda: make_env(name), dataclasses.replace(tasks, warm=[]), real_cfg)
+        real = res["phases"]["real"]
+        rec = _record(s2r_cfg, {**res, "before": syn["before"], "curriculum": None,
+                                "curve": phase_curve({"synthetic": syn["phases"]["synthetic"], "s2r": real})})
+        rows.append({**rec, "wall_s": syn["wall_s"] + res["wall_s"], "s2r_budget": b.label, "s2r_episodes": b.episodes(cfg.run),
+                     "s2r_effective_updates": real["effective_updates"], "success_synthetic": real["before"]["success"]})
+    return rows
 
 # %% ../../nbs/54_dreamgym_train.ipynb #3b9f0a41
 def task_generator_check(rows: Sequence[dict]) -> tuple[bool, str]:
