@@ -18,7 +18,7 @@ __all__ = ['END_TOKEN', 'PAD_TOKEN', 'ROLE_TOKENS', 'PLAIN_CHAT_TEMPLATE', 'JSON
            'tiny_corpus', 'prompt_seeds', 'sample_tokens', 'avoid_cudnn_attention', 'lora_settings', 'autocast_for',
            'HFLM', 'score_continuations', 'smollm2_path', 'UnslothOptions', 'UnslothLM', 'VLLMOptions', 'vllm_engine',
            'VLLMLM', 'OpenAILM', 'ServeOptions', 'VLLMServer', 'vllm_server', 'ServedLM', 'resolve_model_path',
-           'load_lm', 'tiny_causal_lm']
+           'load_lm', 'served_openai_lm', 'tiny_causal_lm']
 
 # %% ../nbs/20_models.ipynb #ad7f06e9
 @dataclass
@@ -629,6 +629,11 @@ class OpenAILM(LM):
         self.base_url = (base_url or s.openai_base_url).rstrip("/")
         self.api_key_env = api_key_env or s.openai_api_key_env
         self.timeout, self.max_workers, self.want_logprobs = timeout, max_workers, logprobs
+        self.server = None   # a VLLMServer started for this LM (`served_openai_lm`): close() stops it
+
+    def close(self) -> None:
+        "Stop the server started for this LM, if any (an endpoint elsewhere is left alone)."
+        if self.server is not None: self.server.close(); self.server = None
 
     def redact(self, text: str) -> str:
         "`text` without the API key (raw, URL-quoted, JSON-escaped), Authorization/Bearer values or URL credentials."
@@ -961,6 +966,15 @@ def load_lm(name: str | None = None, backend: str | None = None, device: str | N
             raise BackendUnavailable(f"could not load {name!r} from the Hugging Face Hub ({e}); offline, use 'tiny', "
                                      "'smollm2-135m' or a local model folder") from None
         raise
+
+# %% ../nbs/20_models.ipynb #servedoaicode
+def served_openai_lm(name: str, options: ServeOptions | None = None, timeout: float = 600.0) -> OpenAILM:
+    "`name` (a `load_lm` name) served by a `VLLMServer` started here, reached through the openai backend; `close()` stops the server."
+    server = VLLMServer(resolve_model_path(name), served_name=name, options=options)
+    try: lm = load_lm(name, backend="openai", base_url=server.base_url + "/v1", timeout=timeout)
+    except BaseException: server.close(); raise
+    lm.server = server
+    return lm
 
 # %% ../nbs/20_models.ipynb #354c6cea
 _DEMO_CORPUS = [f"{w} {i} {w.upper()} {i*7%13}" for i, w in enumerate(

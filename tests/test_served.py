@@ -11,7 +11,7 @@ import torch
 pytest.importorskip("vllm")
 from labmod.agent import Agent  # noqa: E402
 from labmod.envs.core import list_tasks, make_env  # noqa: E402
-from labmod.models import _SERVERS, OpenAILM, load_lm  # noqa: E402
+from labmod.models import _SERVERS, OpenAILM, ServeOptions, load_lm, served_openai_lm  # noqa: E402
 from labmod.rl import GRPOConfig, RunConfig, RunHooks, RunTasks, WarmStart, train  # noqa: E402
 from labmod.rl.losses import token_logprobs  # noqa: E402
 
@@ -59,6 +59,18 @@ def test_a_json_schema_constrains_the_served_replies(lora_lm, verdict_schema):
     print([g.text for g in held + chat])
     assert not any(ok(g.text) for g in free), "the tiny model writes the verdict unprompted: the checks below would prove nothing"
     assert all(ok(g.text) for g in held + chat), [g.text for g in held + chat]
+
+
+def test_a_served_openai_judge_answers_in_schema_and_stops_its_server(verdict_schema):
+    "The judges' endpoint (`served_openai_lm`): a server of its own, chat through the openai backend, stopped by close()."
+    schema, ok = verdict_schema
+    judge = served_openai_lm("tiny", ServeOptions(max_model_len=1024, max_num_batched_tokens=1024))
+    server = judge.server
+    try:
+        replies = judge.chat([PROMPT] * 3, max_new_tokens=40, seed=0, json_schema=schema)
+        assert judge.backend == "openai" and all(ok(g.text) for g in replies), [g.text for g in replies]
+    finally: judge.close()
+    assert judge.server is None and server.proc.poll() is not None
 
 
 def test_the_server_follows_the_trainer_full():
