@@ -321,9 +321,12 @@ def train(agent: Agent, env_factory: Callable[[], Env], tasks: RunTasks, cfg: Ru
         history = train_loop(trainer, collect, tasks.train, cfg, store, eval_fn=readings, after_update=lm.sync_weights)
         if not readings.curve or readings.curve[-1]["update"] != trainer.step: readings(trainer.step)
         kept, notes = readings.keep(trainer.step)
-    trained = sum(1 for h in history if not h.get("skipped_update"))   # updates that trained on samples
-    effective = sum(1 for h in history if not h.get("skipped_update") and h["step"] <= kept["update"])   # ... and are in the kept weights
-    if trained == 0 and cfg.steps > 0: notes.append("0 effective updates: no update trained on any sample")
+    # an update trained when it had samples and a nonzero gradient: with every group's rewards equal (GRPO advantages 0,
+    # no KL term) the optimizer step moves no weight, however many samples it saw
+    learned = lambda h: not h.get("skipped_update") and h.get("grad_norm", 1.0) > 0
+    trained = sum(1 for h in history if learned(h))
+    effective = sum(1 for h in history if learned(h) and h["step"] <= kept["update"])   # ... and are in the kept weights
+    if trained == 0 and cfg.steps > 0: notes.append("0 effective updates: no update had a gradient (no samples, or every group's rewards were equal)")
     elif effective == 0 and cfg.steps > 0:
         notes.append(f"0 effective updates: {trained} update(s) trained, but the kept weights (update {kept['update']}) predate them")
     if store is not None and main:
