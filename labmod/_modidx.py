@@ -868,6 +868,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                  'labmod.envs.twx.TextWorldExpressEnv._call': ('twx.html#textworldexpressenv._call', 'labmod/envs/twx.py'),
                                  'labmod.envs.twx.TextWorldExpressEnv._drop_simulator': ( 'twx.html#textworldexpressenv._drop_simulator',
                                                                                           'labmod/envs/twx.py'),
+                                 'labmod.envs.twx.TextWorldExpressEnv._restart': ( 'twx.html#textworldexpressenv._restart',
+                                                                                   'labmod/envs/twx.py'),
                                  'labmod.envs.twx.TextWorldExpressEnv.close': ('twx.html#textworldexpressenv.close', 'labmod/envs/twx.py'),
                                  'labmod.envs.twx.TextWorldExpressEnv.expert_action': ( 'twx.html#textworldexpressenv.expert_action',
                                                                                         'labmod/envs/twx.py'),

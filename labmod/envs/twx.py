@@ -119,6 +119,12 @@ class TextWorldExpressEnv(Env):
             self._drop_simulator()
             raise EnvError(f"TextWorld-Express JVM {cause}; reset() starts a new one") from e
 
+    def _restart(self):
+        "A fresh simulator after a dead JVM; a JVM that dies while it starts (killed, out of memory) is an `EnvError` too."
+        try: return _start_simulator(self.step_limit)
+        except _py4j_errors() as e:
+            raise EnvError(f"TextWorld-Express JVM failed to start ({type(e).__name__}: {e}); reset() tries again") from e
+
     def _drop_simulator(self):
         "Let go of a failed simulator: the next reset starts a fresh JVM (and reloads the game)."
         sim, self._sim, self._loaded, self.task = self._sim, None, None, None
@@ -127,7 +133,7 @@ class TextWorldExpressEnv(Env):
 
     def reset(self, task: Task) -> Observation:
         game, seed, params = _game_of(task)
-        if self._sim is None and not self._closed: self._sim = _start_simulator(self.step_limit)   # heal after a dead JVM
+        if self._sim is None and not self._closed: self._sim = self._restart()   # heal after a dead JVM
         if self._loaded != (game, params):
             try: self._call("load", game, params)
             except ValueError as e: raise ValueError(f"task {task.id!r}: bad TextWorld-Express params {params!r} for {game}: {e}") from e
