@@ -31,3 +31,21 @@ def test_parameters_cell(nb):
     cell = next(c for c in cells if "parameters" in c.metadata.get("tags", []))
     theirs = [p.name for p in PythonTranslator.inspect(cell)]
     assert sorted(theirs) == sorted(ours), f"papermill cannot read {sorted(set(ours) - set(theirs))}: no '=' in their comments"
+
+
+def test_dreamgym_transfer_quick(tmp_path):
+    """dreamgym_table1's transfer path (Figure 3-middle): rows trained on coin, read on twc, beside SFT on twc's expert
+    episodes, with the paired readings against that control."""
+    env = {**os.environ, "LABMOD_RUNS_DIR": str(tmp_path / "runs"), "LABMOD_REPORTS_DIR": str(tmp_path / "reports"), "OMP_NUM_THREADS": "1"}
+    nb = ROOT / "nbs" / "experiments" / "dreamgym_table1.ipynb"
+    r = subprocess.run([sys.executable, "-m", "labmod.lab.cli", "run", str(nb), "-p", "quick", "true", "-p", "eval_games", '["twc"]',
+                        "-p", "sft_target", "true", "-p", "rows", '["real", "dreamgym"]', "-p", "controls", "false", "--name", "quick"],
+                       capture_output=True, text=True, env=env, timeout=600)
+    meta = json.loads((tmp_path / "reports" / "dreamgym_table1" / "quick.json").read_text())
+    assert r.returncode == 0 and meta["status"] == "ok", meta.get("error") or r.stderr[-3000:]
+    readings = {x["name"]: x for x in meta["readings"]}
+    assert readings["success_dreamgym_grpo vs sft_target"]["paired_with"] == "success_sft_target_grpo"
+    assert readings["success_real_grpo vs sft_target"]["paired_with"] == "success_sft_target_grpo"
+    run_dir = tmp_path / "runs" / "dreamgym_table1" / "quick"
+    rows = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert any(x.get("mode") == "sft_target" and x.get("real_train_steps") == 0 for x in rows), "no SFT-on-target row"
