@@ -46,6 +46,7 @@ def test_dreamgym_transfer_quick(tmp_path):
     readings = {x["name"]: x for x in meta["readings"]}
     assert readings["success_dreamgym_grpo vs sft_target"]["paired_with"] == "success_sft_target_grpo"
     assert readings["success_real_grpo vs sft_target"]["paired_with"] == "success_sft_target_grpo"
+    assert readings["success_dreamgym_grpo vs warm start"]["paired_with"] == "success_warm_start"
     run_dir = tmp_path / "runs" / "dreamgym_table1" / "quick"
     rows = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert any(x.get("mode") == "sft_target" and x.get("real_train_steps") == 0 for x in rows), "no SFT-on-target row"
