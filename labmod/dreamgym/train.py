@@ -236,6 +236,7 @@ def _record(cfg: DreamGymConfig, res: dict) -> dict:
             "success": res["after"]["success"], "real_train_steps": res["real_train_steps"],
             "real_train_resets": ri.get("train_resets", 0), "real_eval_resets": ri.get("eval_resets", 0),
             "eval_episodes": res["after"]["episodes"], "wall_s": res["wall_s"], "curve": res["curve"],
+            **{f"effective_updates_{p}": r["effective_updates"] for p, r in res["phases"].items()},   # per phase: updates with a gradient, in the kept weights
             **({f"curriculum_{k}": v for k, v in cur.summary().items()} if cur is not None else {})}
 
 def s2r_sweep(em: ExperienceModel, tasks: RunTasks, cfg: DreamGymConfig, budgets: Sequence[S2RBudget],
