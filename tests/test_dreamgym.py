@@ -13,7 +13,7 @@ from labmod.dreamgym.data import EMPrompt, EMQuery, RuleTeacher, annotate, colle
 from labmod.dreamgym.experience import (EMGeneration, EMTrainConfig, ExperienceModel, ExperienceModelError, SyntheticEnv,
                                         cache_initial_states, tiny_experience_lm, train_experience_model)
 from labmod.dreamgym.curriculum import CurriculumConfig
-from labmod.dreamgym.train import (AbstractStateEnv, CountingEnv, DreamGymConfig, InteractionCounter, PolicySpec, _fresh_policy,
+from labmod.dreamgym.train import (AbstractStateEnv, CountingEnv, DreamGymConfig, InteractionCounter, PolicySpec, fresh_policy,
                                    S2RBudget, row_config, train_policy)
 from labmod.dreamgym.fidelity import EMConfig, fidelity, fit_experience_model, multi_step_divergence, onpolicy_agreement, transition_judge
 from labmod.dreamgym.replay import ReplayBuffer, get_encoder
@@ -212,7 +212,7 @@ def test_grpo_and_ppo_rows_are_evaluated_the_same_way(data):
     tasks = RunTasks(data["train_tasks"][:1], data["held_tasks"][:2], warm=data["train_tasks"][1:3])
     res = {}
     for algo in ("grpo", "ppo"):
-        agent = _fresh_policy(PolicySpec("tiny-em", temperature=0.5, max_new_tokens=12), seed=0)
+        agent = fresh_policy(PolicySpec("tiny-em", temperature=0.5, max_new_tokens=12), seed=0)
         res[algo] = train_policy(agent, lambda: make_env(ENV), tasks, row_config(recipe, "real", algo, seed=0))
     g, p, n = res["grpo"], res["ppo"], 2 * 2
     assert (g["algo"], p["algo"]) == ("grpo", "ppo")

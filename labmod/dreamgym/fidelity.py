@@ -19,7 +19,7 @@ from .replay import ReplayBuffer, Transition, get_encoder
 from .data import EMPrompt, EMQuery, abstract_state, instruction_of
 from .experience import (EMGeneration, EMTrainConfig, ExperienceModel, SyntheticEnv, cache_initial_states,
                                         tiny_experience_lm, train_experience_model)
-from .train import AbstractStateEnv, DreamGymConfig, PolicySpec, _fresh_policy
+from .train import AbstractStateEnv, DreamGymConfig, PolicySpec, fresh_policy
 
 # %% auto #0
 __all__ = ['TRANSITION_JUDGE_PROMPT', 'TRANSITION_JUDGE_KEYS', 'TRANSITION_JUDGE_SCHEMA', 'state_similarity', 'token_f1',
@@ -301,7 +301,7 @@ def warm_policy_agreement(em: ExperienceModel, tasks: RunTasks, cfg: DreamGymCon
                           episodes_per_task: int = 4) -> dict:
     """`onpolicy_agreement` on `tasks.train` of the policy a `dreamgym_row` with these arguments starts its training from
     (same model, seed and warm start): how often its synthetic successes are real ones."""
-    agent, name, run = _fresh_policy(policy or PolicySpec(), cfg.run.seed), tasks.train[0].env, cfg.run
+    agent, name, run = fresh_policy(policy or PolicySpec(), cfg.run.seed), tasks.train[0].env, cfg.run
     if tasks.warm and run.warm.epochs > 0:
         warm_start(agent, lambda: AbstractStateEnv(make_env(name), name), tasks.warm, run.warm, run.max_turns, run.seed, progress=False)
     a = AgreementConfig(episodes_per_task, run.max_turns, cfg.reward_gate, run.seed)

@@ -19,8 +19,8 @@ from .curriculum import Curriculum, CurriculumConfig, TaskVariationGenerator
 
 # %% auto #0
 __all__ = ['MODES', 'InteractionCounter', 'split_purpose', 'CountingEnv', 'AbstractStateEnv', 'TaskRoutedEnv', 'S2RBudget',
-           'DreamGymConfig', 'SyntheticHooks', 'phase_curve', 'train_policy', 'PolicySpec', 'row_config',
-           'dreamgym_row', 's2r_sweep', 'task_generator_check']
+           'DreamGymConfig', 'SyntheticHooks', 'phase_curve', 'train_policy', 'PolicySpec', 'fresh_policy',
+           'row_config', 'dreamgym_row', 's2r_sweep', 'task_generator_check']
 
 # %% ../../nbs/54_dreamgym_train.ipynb #b670d44b
 class InteractionCounter:
@@ -204,7 +204,7 @@ class PolicySpec:
     lora: dict | bool | None = None   # LoRA settings (see `labmod.models.lora_settings`; None: the backend's default)
 
 # %% ../../nbs/54_dreamgym_train.ipynb #f04e7b57
-def _fresh_policy(spec: PolicySpec, seed: int) -> Agent:
+def fresh_policy(spec: PolicySpec, seed: int) -> Agent:
     "The policy `spec` describes, its weights seeded with `seed`."
     import torch
     from labmod.models import load_lm
@@ -226,7 +226,7 @@ def dreamgym_row(em: ExperienceModel | None, tasks: RunTasks, cfg: DreamGymConfi
                  variation_lm=None) -> dict:
     """One row of a DreamGym table: a fresh `policy` trained as `cfg` says (the curriculum's tasks written by `variation_lm`,
     by default the experience model's LM); a flat record of what it reached and what it cost."""
-    agent, name = _fresh_policy(policy or PolicySpec(), cfg.run.seed), tasks.train[0].env
+    agent, name = fresh_policy(policy or PolicySpec(), cfg.run.seed), tasks.train[0].env
     return _record(cfg, train_policy(agent, lambda: make_env(name), tasks, cfg, em=em, variation_lm=variation_lm))
 
 def _record(cfg: DreamGymConfig, res: dict) -> dict:
@@ -246,7 +246,7 @@ def s2r_sweep(em: ExperienceModel, tasks: RunTasks, cfg: DreamGymConfig, budgets
     (`cfg.run` at its own lr, no warm start). A budget's record is a `dreamgym_s2r` row whose real training steps are
     its real phase's, with `s2r_budget` (the label), `s2r_episodes`, `s2r_effective_updates` and `success_synthetic`
     (the real phase's first reading: the synthetic weights read again)."""
-    agent, name = _fresh_policy(policy or PolicySpec(), cfg.run.seed), tasks.train[0].env
+    agent, name = fresh_policy(policy or PolicySpec(), cfg.run.seed), tasks.train[0].env
     syn_cfg = dataclasses.replace(cfg, mode="dreamgym")
     syn = train_policy(agent, lambda: make_env(name), tasks, syn_cfg, em=em, variation_lm=variation_lm)
     rows, start = [_record(syn_cfg, syn)], snapshot_weights(agent.lm)
