@@ -598,7 +598,8 @@ def _item_rows(it: dict, entries: list[dict], sup: dict, ctx: dict) -> str:
         lines.append((run, reading, _esc(scale_text(m, it, ctx["models"])), verdict_html))
     if not lines:
         if it.get("not_runnable"): v = verdict_badge("not runnable at this scale", it["not_runnable"])
-        elif any(m.get("experiment") in it["notebook"] + it["runs_of"] for m in entries): v = verdict_badge("only superseded runs")
+        elif any((m.get("experiment") in it["notebook"] and want(m)) or m.get("experiment") in it["runs_of"] for m in entries):
+            v = verdict_badge("only superseded runs")   # runs of this item's parameters exist, every one superseded
         else: v = verdict_badge("no run yet") if it["notebook"] else "—"
         lines.append(("—", "—", "—", v))
     first = (f'<td rowspan="{len(lines)}"><b>{_esc(it.get("item", ""))}</b></td><td rowspan="{len(lines)}">{_esc(it["claim"])}</td>'
