@@ -1,14 +1,14 @@
 """The browser env under faults and bad input: a renderer or browser killed mid-episode (the next reset works),
 episodes that leave state behind (the same task and seed replay the same, whatever ran before), and malformed
 actions of every shape (an invalid action, in linear time, never an exception)."""
-import signal, time
+import signal, socket, threading, time
 
 import psutil
 import pytest
 from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
 
 from labmod.core import Task
-from labmod.envs.browser import ACTION_ARITY, ActionError, BrowserEnv, StaticSite, parse_command
+from labmod.envs.browser import ACTION_ARITY, ActionError, BrowserEnv, BrowserTimeouts, StaticSite, parse_command
 from labmod.envs.core import EnvError
 
 
@@ -94,6 +94,29 @@ def test_web_episodes_keep_no_cookies_or_storage(tmp_path):
             texts = [web.reset(Task(id="web/s", env="web", config={"url": site.url("s.html")})).text for _ in range(2)]
     finally: site.close()
     assert 'text "seen: - - -"' in texts[0] and texts[1] == texts[0], texts
+
+
+def test_a_page_that_never_finishes_loading_is_observed_as_it_is(tmp_path):
+    "A subresource whose server never answers holds the load event forever: reset shows the page and says so, in load_ms."
+    hang = socket.create_server(("127.0.0.1", 0))
+    held = []
+    threading.Thread(target=lambda: [held.append(hang.accept()) for _ in range(8)], daemon=True).start()
+    port = hang.getsockname()[1]
+    (tmp_path / "hang.html").write_text(f"<title>h</title><p>visible text</p><img src='http://127.0.0.1:{port}/x.png' alt=i>")
+    (tmp_path / "fine.html").write_text("<title>f</title><p>visible text</p>")
+    site = StaticSite(tmp_path)
+    try:
+        with BrowserEnv("web", timeouts=BrowserTimeouts(load_ms=2000)) as web:
+            allowed = [site.host, f"127.0.0.1:{port}"]
+            t0 = time.monotonic()
+            hung = web.reset(Task(id="web/hang", env="web", config={"url": site.url("hang.html"), "allowed_hosts": allowed}))
+            waited = time.monotonic() - t0
+            fine = web.reset(Task(id="web/fine", env="web", config={"url": site.url("fine.html"), "allowed_hosts": allowed}))
+    finally: site.close(); hang.close()
+    assert held, "the browser never reached the hanging server, so this test tested nothing"
+    assert hung.text.startswith("The page had not finished loading after 2 s") and 'text "visible text"' in hung.text, hung.text
+    assert waited < 30, waited
+    assert "not finished loading" not in fine.text and 'text "visible text"' in fine.text, fine.text
 
 
 def test_parse_command_pathological_inputs_are_action_errors_in_linear_time():

@@ -9,7 +9,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from labmod.core import Task
-from labmod.envs.browser import BrowserEnv, BrowserTimeouts, host_allowed
+from labmod.envs.browser import BrowserEnv, host_allowed
 
 
 class Listener:
@@ -139,10 +139,9 @@ def sites():
 
 @pytest.fixture(scope="module")
 def web():
-    # the attack page loads ~30 subresources and frames through the proxy: ~1-2 s alone, but in two CI runs with the
-    # other test worker training on both cores its load passed the default 15 s; this file tests what leaves the
-    # browser, not how fast it loads
-    e = BrowserEnv("web", step_limit=20, timeouts=BrowserTimeouts(load_ms=60_000))
+    # with the listener allowed, the srcdoc frame's meta refresh sometimes never finishes loading under CPU load (the
+    # page's load event then never fires): reset observes the page as it is after load_ms instead of failing
+    e = BrowserEnv("web", step_limit=20)
     yield e
     e.close()
 

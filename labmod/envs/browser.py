@@ -616,12 +616,11 @@ def _reset(self: BrowserEnv, task: Task) -> Observation:
     try:
         self._new_page()
         self.blocked, self.service_blocked = [], []
-        if self.name == "miniwob": self._start_miniwob(task)
-        else: self._start_web(task)
+        note = self._start_miniwob(task) if self.name == "miniwob" else self._start_web(task)
     except (EnvError, MissingDependency, ValueError): raise
     except Exception as e:
         raise EnvError(f"reset of {task.id} failed: {_first_line(e)}") from e
-    obs = self._observe(reset_ids=True)
+    obs = self._observe(reset_ids=True, note=note or "")
     if task.instruction and self.name == "web": obs.data["instruction"] = task.instruction
     return obs
 
@@ -648,8 +647,11 @@ def _start_web(self: BrowserEnv, task: Task):
     hosts = task.config.get("allowed_hosts") or [urlsplit(url).netloc or urlsplit(url).hostname]
     self.allowed = {*hosts, *self.extra_hosts}
     self._utterance = task.instruction or ""
-    self.page.goto(url, wait_until="load")
-    self._settle()
+    # the document, then its load: a subresource that never finishes (a hung tracker, a frame's stalled navigation)
+    # must not fail the episode, the agent sees the page as it is and is told so
+    self.page.goto(url, wait_until="domcontentloaded")
+    if not self._settle():
+        return f"The page had not finished loading after {self.timeouts.load_ms / 1000:g} s; this is how it looks now."
 
 # %% ../../nbs/15_browser.ipynb #c61e95ee
 @patch
@@ -745,15 +747,16 @@ def _perform(self: BrowserEnv, verb: str, args: tuple):
 
 @patch
 def _settle(self: BrowserEnv, quiet_ms: int = 100, max_ms: int = 3000):
-    "Wait (at most `max_ms`) until the page has loaded and no request was in flight for `quiet_ms`."
-    try: self.page.wait_for_load_state("load", timeout=self.timeouts.load_ms)
-    except Exception: pass    # a page that never finishes loading is still observed as it is
+    "Wait for the page's load (at most `load_ms`), then until no request was in flight for `quiet_ms` (at most `max_ms`); False if it never loaded."
+    try: self.page.wait_for_load_state("load", timeout=self.timeouts.load_ms); loaded = True
+    except Exception: loaded = False    # a page that never finishes loading is still observed as it is
     t_end, quiet_since = time.monotonic() + max_ms / 1000, None
     while time.monotonic() < t_end:
         if self._inflight > 0: quiet_since = None
         elif quiet_since is None: quiet_since = time.monotonic()
-        elif time.monotonic() - quiet_since >= quiet_ms / 1000: return
+        elif time.monotonic() - quiet_since >= quiet_ms / 1000: return loaded
         self.page.wait_for_timeout(25)    # lets Playwright deliver the request events
+    return loaded
 
 @patch
 def expert_action(self: BrowserEnv) -> str | None:
