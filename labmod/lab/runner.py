@@ -101,10 +101,11 @@ def _sequence(name: str, raw: str, default):
 
 # %% ../../nbs/92_runner.ipynb #85139836
 def coerce_param(name: str, raw, defaults: dict):
-    "Turn a command-line string into the type of the notebook's default for `name`."
+    "Turn a command-line string into the type of the notebook's default for `name` (`null` or `None`: None, whatever the default)."
     if name not in defaults:
         raise ParameterError(f"unknown parameter {name!r}; the notebook takes: {', '.join(sorted(defaults))}")
     if not isinstance(raw, str): return _finite(name, raw, raw)
+    if raw.strip() in ("null", "None"): return None      # "judge_model None: no judge" is what a notebook's comment says
     default = defaults[name]
     if isinstance(default, (list, tuple)): return _sequence(name, raw, default)
     if isinstance(default, dict):
