@@ -9,13 +9,13 @@ from typing import Callable
 from ..core import Task, Observation, Step, Trajectory, Turn
 from ..envs.core import Env, EnvWrapper, EnvError, make_env
 from .rubric import bind_task, difficulty_bin, rubric_difficulty, evidence_pages, compact
-from .evaluator import evaluate_rubric, next_web_action, shown_on_pages, page_head
+from .evaluator import evaluate_rubric, next_web_action, shown_on_pages, page_head, find_action
 from .websites import site_host, url_path
 
 # %% auto #0
 __all__ = ['STEP_BUDGETS', 'BROWSER_STEP_LIMIT', 'RubricRewardEnv', 'page_signature', 'RepetitionPenaltyEnv', 'step_budget',
-           'make_web_task_env', 'StepBudgetEnv', 'find_node', 'PagerEnv', 'served_hosts', 'WebTaskEnv', 'browser_pool',
-           'web_env_factory']
+           'make_web_task_env', 'StepBudgetEnv', 'find_node', 'PagerEnv', 'web_choices', 'served_hosts', 'WebTaskEnv',
+           'browser_pool', 'web_env_factory']
 
 # %% ../../nbs/63_webgym_env.ipynb #f7e0c655
 class RubricRewardEnv(EnvWrapper):
@@ -200,15 +200,41 @@ class PagerEnv(EnvWrapper):
             else: self._start, self._cursor, self._query = max(0, i - self.context_lines), i + 1, query
         return Step(self._view(note, query), 0.0, False, info)
 
+# %% ../../nbs/63_webgym_env.ipynb #a1c40e02
+_LABELLED = re.compile(r'^\s*(click\(\s*\d+\s*\))\s+".*"\s*$', re.S)
+_NUMBERED = re.compile(r"^((?:\d+|[A-Z])(?:\.\d+)+)\.?\s+(.{3,80})$")
+
+def _label(name: str | None) -> str: return " ".join((name or "").replace("\u00b6", " ").split())
+
+def web_choices(data: dict | None, instruction: str = "", max_chars: int = 80) -> list[str]:
+    "The admissible actions of the web view in `data` (its `axtree`, and `window` behind a pager) for a task saying `instruction`."
+    data = data or {}
+    nodes = data.get("axtree") or []
+    lo, hi = data.get("window") or (0, len(nodes))
+    shown = nodes[lo:hi]
+    out = [f"click({n['id']}) {json.dumps(_label(n.get('name'))[:max_chars], ensure_ascii=False)}" for n in shown
+           if n.get("role") == "link" and n.get("id") is not None and _label(n.get("name"))]
+    phrases = re.findall(r'"([^"]+)"', instruction) + re.findall(r"\bsection ((?:\d+|[A-Z])(?:\.\d+)+)", instruction)
+    out += [find_action(p) for p in phrases]
+    if data.get("window") is not None:
+        out += (["scroll(down)"] if hi < len(nodes) else []) + (["scroll(up)"] if lo > 0 else [])
+    texts = {}
+    for n in shown:
+        if n.get("role") == "link" or not (name := _label(n.get("name"))): continue
+        for t in [name] + ([m.group(2)] if (m := _NUMBERED.match(name)) else []):
+            if len(compact(t)) >= 2 and len(t) <= max_chars: texts.setdefault(compact(t), t)
+    return list(dict.fromkeys(out + [f"answer({json.dumps(t, ensure_ascii=False)})" for t in texts.values()]))
+
 # %% ../../nbs/63_webgym_env.ipynb #98c28a80
 def served_hosts(sites: dict[str, str]) -> list[str]: return [site_host(u) for u in sites.values()]
 
 class WebTaskEnv(EnvWrapper):
     """Any rubric task of any served site: rebinds the task, budget and allowlist on every `reset`; has an expert.
-    With `window_chars` the agent sees the page through a `PagerEnv` (one screen at a time)."""
+    With `window_chars` the agent sees the page through a `PagerEnv` (one screen at a time); with `choices` it lists
+    the view's admissible actions (`web_choices`) and its expert keeps to them."""
     def __init__(self, browser: Env, sites: dict[str, str], penalty: float = 0.1, step_limit: int | None = None,
-                 budget_scale: float = 1.0, window_chars: int | None = None):
-        self.sites = sites
+                 budget_scale: float = 1.0, window_chars: int | None = None, choices: bool = False):
+        self.sites, self.choices = sites, choices
         self.budget_env = StepBudgetEnv(PagerEnv(browser, window_chars) if window_chars else browser, step_limit, budget_scale)
         super().__init__(RepetitionPenaltyEnv(self.budget_env, penalty=penalty))
         self.task: Task | None = None
@@ -230,15 +256,37 @@ class WebTaskEnv(EnvWrapper):
         return self._show(self.inner.reset(self.task))
 
     def step(self, action: str) -> Step:
+        if self.choices and isinstance(action, str) and (m := _LABELLED.match(action)): action = m.group(1)   # the label is the ranking's
         st = self.inner.step(action); self._show(st.obs)
         return st
 
     @property
     def budget(self) -> int: return self.budget_env.budget
 
+    def valid_actions(self) -> list[str]:
+        if not self.choices or self.task is None or self.obs is None: return []
+        return web_choices(self.obs.data, self.task.instruction or "")
+
     def expert_action(self) -> str | None:
         if self.task is None or self.obs is None: return None
-        return next_web_action(self.task, evidence_pages(self.task.rubric), self._seen, self.obs.data, shown=shown_on_pages(self._datas))
+        a = next_web_action(self.task, evidence_pages(self.task.rubric), self._seen, self.obs.data, shown=shown_on_pages(self._datas))
+        return self._as_choice(a) if self.choices and a is not None else a
+
+    def _as_choice(self, a: str) -> str:
+        """The expert's move among the admissible actions: a click by its label, an answer by its text, and a find the
+        list lacks (a link's text, a fact's value) as the scroll toward it; an answer the view does not show stays as it is."""
+        choices = self.valid_actions()
+        if a in choices: return a
+        if m := re.fullmatch(r"click\((\d+)\)", a): return next((c for c in choices if c.startswith(f"click({m.group(1)}) ")), a)
+        if a.startswith("answer("):
+            want = compact(json.loads(a[len("answer("):-1]))
+            return next((c for c in choices if c.startswith("answer(") and compact(json.loads(c[len("answer("):-1])) == want), a)
+        if (m := _FIND.match(a)) and (data := self.obs.data or {}).get("window") is not None:
+            i = find_node(data.get("axtree") or [], json.loads(m.group(1)) if m.group(1).startswith('"') else m.group(1)[1:-1], data["window"][1])
+            lo, hi = data["window"]
+            move = None if i is None or lo <= i < hi else "scroll(down)" if i >= hi else "scroll(up)"
+            if move in choices: return move
+        return a
 
 # %% ../../nbs/63_webgym_env.ipynb #4fcde928
 def browser_pool(sites: dict[str, str], n_workers: int, screenshot: bool = False, step_timeout: float = 60.0):
@@ -256,8 +304,8 @@ class _WorkerLease(EnvWrapper):
         if release is not None: release()
 
 def web_env_factory(sites: dict[str, str], penalty: float = 0.1, step_limit: int | None = None, budget_scale: float = 1.0,
-                    pool=None, screenshot: bool = False, window_chars: int | None = None) -> Callable[[], WebTaskEnv]:
-    "A factory of `WebTaskEnv`s: an in-thread `BrowserEnv('web')` each, or a free worker of `pool`; `window_chars`: the pager's screen."
+                    pool=None, screenshot: bool = False, window_chars: int | None = None, choices: bool = False) -> Callable[[], WebTaskEnv]:
+    "A factory of `WebTaskEnv`s: an in-thread `BrowserEnv('web')` each, or a free worker of `pool`; `window_chars`: the pager's screen; `choices`: admissible actions listed."
     free, lock = list(range(pool.n_workers)) if pool is not None else [], threading.Lock()
     def give_back(i: int):
         with lock: free.append(i)
@@ -267,4 +315,4 @@ def web_env_factory(sites: dict[str, str], penalty: float = 0.1, step_limit: int
             if not free: raise EnvError(f"all {pool.n_workers} workers of the browser pool are in use: give it as many workers as env slots")
             i = free.pop(0)
         return _WorkerLease(pool.env(i), lambda: give_back(i))
-    return lambda: WebTaskEnv(browser(), sites, penalty, step_limit, budget_scale, window_chars)
+    return lambda: WebTaskEnv(browser(), sites, penalty, step_limit, budget_scale, window_chars, choices)

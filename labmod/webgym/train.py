@@ -109,6 +109,7 @@ class WebGymConfig:
     train_judge: str = "rubric"            # the training reward's judge, a name in JUDGES (evaluation always uses the rubric)
     sft_turns: str = "all"                 # the warm start trains on "all" expert turns, or "click": navigation only
     verified_only: bool = False            # train and warm-start only on tasks whose expert demonstration, played in the browser, the rubric judge accepts (the others are counted)
+    choose: bool = False                   # the policy ranks each view's admissible actions (`webgym.env.web_choices`) instead of writing one: one-fact tasks only
 
     def __post_init__(self):
         if not isinstance(self.format, PromptFormat): raise ValueError(f"WebGymConfig.format must be a PromptFormat (MEMORY_FORMAT or TASK_FORMAT), got {self.format!r}")
@@ -119,7 +120,11 @@ class WebGymConfig:
     def make_agent(self, lm, tasks: list[Task] = ()) -> Agent:
         """The policy this config trains: `lm` with its prompt format, history window and generation settings; its
         budget must fit the expert's answer turn on every task of `tasks` (`fit_answer_budget`)."""
-        agent = Agent(lm, format=self.format, history_k=self.history_k, max_new_tokens=self.max_new_tokens or 1, temperature=self.temperature)
+        if self.choose and (long := [t.id for t in tasks if t.rubric and rubric_difficulty(t.rubric) > 1]):
+            raise ValueError(f"WebGymConfig.choose answers with one value a page shows, and {len(long)} task(s) ask for more "
+                             f"facts (e.g. {long[0]}): give one-fact tasks (webgym_ablations: -p max_facts 1), or choose=False")
+        agent = Agent(lm, format=self.format, history_k=self.history_k, max_new_tokens=self.max_new_tokens or 1, temperature=self.temperature,
+                      choose=self.choose)
         return fit_answer_budget(agent, tasks, fitted=self.max_new_tokens is None, paged=self.page_window is not None)
 
 def answer_turn_ids(agent: Agent, task: Task) -> list[int]:
@@ -208,7 +213,7 @@ class WebGymHooks(RunHooks):
 def web_envs(sites: dict[str, str], cfg: WebGymConfig) -> Iterator[Callable[[], WebTaskEnv]]:
     "The factory of `cfg`'s web envs: in-thread browsers, or a pool of `cfg.run.n_envs` browser processes (closed on exit)."
     pool = browser_pool(sites, cfg.run.n_envs) if cfg.pooled else None
-    try: yield web_env_factory(sites, cfg.repetition_penalty, cfg.step_limit, cfg.budget_scale, pool, window_chars=cfg.page_window)
+    try: yield web_env_factory(sites, cfg.repetition_penalty, cfg.step_limit, cfg.budget_scale, pool, window_chars=cfg.page_window, choices=cfg.choose)
     finally:
         if pool is not None: pool.close()
 
@@ -237,7 +242,7 @@ def train_webgym(lm, sites: dict[str, str], tasks: RunTasks, cfg: WebGymConfig, 
 def _warm_key(cfg: WebGymConfig, warm_tasks: list[Task]) -> tuple:
     "What a warm start depends on: arms equal in these share one warm start per seed."
     return (cfg.format, cfg.history_k, cfg.max_new_tokens, cfg.run.max_turns, cfg.step_limit, cfg.budget_scale,
-            cfg.repetition_penalty, dataclasses.astuple(cfg.run.warm), cfg.sft_turns, cfg.verified_only, tuple(t.id for t in warm_tasks))
+            cfg.repetition_penalty, dataclasses.astuple(cfg.run.warm), cfg.sft_turns, cfg.verified_only, cfg.choose, tuple(t.id for t in warm_tasks))
 
 def _warm_start(lm, sites: dict[str, str], warm_tasks: list[Task], cfg: WebGymConfig) -> dict:
     "The warm start `rl.run.train` would run for `cfg`, on its own (so several arms can share it)."
