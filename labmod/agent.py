@@ -147,6 +147,7 @@ class PromptFormat:
     max_obs_chars: int = MAX_OBS_CHARS
     max_history_obs_chars: int = MAX_HISTORY_OBS_CHARS
     max_actions: int = MAX_ACTIONS
+    list_actions: bool = True        # write the admissible actions into the prompt (a choosing agent scores them whether listed or not)
 
     def goal(self, s: AgentState) -> list[str]:
         "What the agent must do."
@@ -165,7 +166,7 @@ class PromptFormat:
                          f"{min(len(s.history), history_k)} observations and the corresponding actions you took:\n{hist}")
         else: parts.append(f"Prior to this step, you have already taken {s.step} step(s).")
         parts.append(f"You are now at step {s.step + 1} and your current observation is:\n{cap(s.observation, self.max_obs_chars)}")
-        if s.valid_actions:
+        if s.valid_actions and self.list_actions:
             parts.append(f"Your admissible actions of the current situation are: [{format_actions(s.valid_actions, self.max_actions)}].")
         parts += [*self.after_actions(s), self.closing]
         return [{"role": "system", "content": self.system}, {"role": "user", "content": "\n".join(parts)}]

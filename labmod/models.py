@@ -359,11 +359,46 @@ class HFLM(LM):
             return sample_tokens(self.model, self.tokenizer, prompts, max_new_tokens, temperature, top_p, stop, seed)
 
 # %% ../nbs/20_models.ipynb #79b69092
-def score_continuations(lm: LM, prompt_ids: list[int], continuations: list[list[int]], chunk: int = 32,
-                        per_token: bool = False) -> list:
-    """Summed log p(continuation | prompt) of each continuation (token ids), in eval mode, the prompt encoded once
-    (`per_token`: each continuation's list of token log-probs instead)."""
+def _packed_ok(lm: LM, model) -> bool:
+    "Whether `model` honours a custom 4D attention mask: transformers' own sdpa and eager attention do; Unsloth's patched kernels are not trusted to."
+    return lm.backend != "unsloth" and getattr(getattr(model, "config", None), "_attn_implementation", None) in ("sdpa", "eager")
+
+def _packed_scores(model, out, P: int, cs: list[list[int]], dev) -> list[list[float]]:
+    """Token log-probs of the continuations `cs` after a prompt of `P` tokens (`out`: its forward pass with cache), all
+    in one sequence: each continuation attends to the prompt and to its own earlier tokens, at positions P, P+1, ..."""
     import copy, torch
+    dtype = model.get_input_embeddings().weight.dtype      # the attention's compute dtype, which an additive mask must match
+    flat = [t for c in cs for t in c]
+    block = torch.tensor([k for k, c in enumerate(cs) for _ in c]); off = torch.tensor([j for c in cs for j in range(len(c))])
+    allow = torch.cat([torch.ones(len(flat), P, dtype=torch.bool), (block[:, None] == block[None, :]) & (off[:, None] >= off[None, :])], 1)
+    mask = torch.zeros(allow.shape, dtype=dtype).masked_fill(~allow, torch.finfo(dtype).min)[None, None].to(dev)
+    o = model(input_ids=torch.tensor([flat], device=dev), attention_mask=mask, position_ids=(off + P)[None].to(dev),
+              past_key_values=copy.deepcopy(out.past_key_values), use_cache=False)
+    lp = torch.log_softmax(o.logits[0].float(), -1)
+    out_, at = [], 0
+    for c in cs:
+        out_.append(lp[torch.arange(at, at + len(c) - 1), torch.tensor(c[1:], dtype=torch.long)].tolist()); at += len(c)
+    return out_
+
+def _repeated_scores(model, out, P: int, cs: list[list[int]], dev) -> list[list[float]]:
+    "The same, as a padded batch over the prompt's cache repeated once per continuation (for attention that ignores custom masks)."
+    import copy, torch
+    B, L = len(cs), max(map(len, cs))
+    ids = torch.tensor([c + [0] * (L - len(c)) for c in cs], device=dev)
+    mask = torch.tensor([[1] * len(c) + [0] * (L - len(c)) for c in cs], device=dev)
+    cache = copy.deepcopy(out.past_key_values); cache.batch_repeat_interleave(B)
+    attn = torch.cat([torch.ones(B, P, dtype=torch.long, device=dev), mask], 1)
+    o = model(input_ids=ids, attention_mask=attn, past_key_values=cache, use_cache=False)
+    rest = torch.log_softmax(o.logits[:, :-1].float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    return [rest[b, :len(c) - 1].tolist() for b, c in enumerate(cs)]
+
+def score_continuations(lm: LM, prompt_ids: list[int], continuations: list[list[int]], chunk: int = 64,
+                        per_token: bool = False, packed: bool | None = None) -> list:
+    """Summed log p(continuation | prompt) of each continuation (token ids), in eval mode, the prompt encoded once
+    (`per_token`: each continuation's list of token log-probs instead). `chunk` continuations go through one pass,
+    `packed` into one sequence with a block mask (None: wherever the model's attention honours it, `_packed_ok`),
+    else as a batch over the prompt's repeated cache."""
+    import torch
     model = getattr(lm, "model", None)
     if model is None:
         raise BackendUnavailable(f"the {lm.backend} backend has no local model to score continuations with: "
@@ -372,26 +407,18 @@ def score_continuations(lm: LM, prompt_ids: list[int], continuations: list[list[
     if any(len(c) == 0 for c in continuations): raise ValueError("score_continuations: an empty continuation has no tokens to score")
     if not continuations: return []
     dev, was = next(model.parameters()).device, model.training
+    rest_of = _packed_scores if (_packed_ok(lm, model) if packed is None else packed) else _repeated_scores
     model.eval()
     try:
         with torch.no_grad():
             out = model(input_ids=torch.tensor([list(prompt_ids)], device=dev), use_cache=True)
             first = torch.log_softmax(out.logits[0, -1].float(), -1)
-            scores = []
+            toks = []
             for i in range(0, len(continuations), chunk):
                 cs = [list(c) for c in continuations[i:i + chunk]]
-                B, L = len(cs), max(map(len, cs))
-                ids = torch.tensor([c + [0] * (L - len(c)) for c in cs], device=dev)
-                mask = torch.tensor([[1] * len(c) + [0] * (L - len(c)) for c in cs], device=dev)
-                cache = copy.deepcopy(out.past_key_values); cache.batch_repeat_interleave(B)
-                attn = torch.cat([torch.ones(B, len(prompt_ids), dtype=torch.long, device=dev), mask], 1)
-                o = model(input_ids=ids, attention_mask=attn, past_key_values=cache, use_cache=False)
-                rest = torch.log_softmax(o.logits[:, :-1].float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1) * mask[:, 1:]
-                if per_token: scores += [[first[c[0]].item()] + rest[b, :len(c) - 1].tolist() for b, c in enumerate(cs)]
-                else: scores += (first[ids[:, 0]] + rest.sum(1)).tolist()
-        return scores
+                toks += [[first[c[0]].item()] + r for c, r in zip(cs, rest_of(model, out, len(prompt_ids), cs, dev))]
+        return toks if per_token else [sum(t) for t in toks]
     finally: model.train(was)
-
 
 # %% ../nbs/20_models.ipynb #26a042d7
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
