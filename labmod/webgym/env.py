@@ -8,7 +8,7 @@ import bisect, dataclasses, hashlib, json, re, threading
 from typing import Callable
 from ..core import Task, Observation, Step, Trajectory, Turn
 from ..envs.core import Env, EnvWrapper, EnvError, make_env
-from .rubric import bind_task, difficulty_bin, rubric_difficulty, evidence_pages, compact
+from .rubric import bind_task, difficulty_bin, rubric_difficulty, evidence_pages, compact, _clean, _SECTION
 from .evaluator import evaluate_rubric, next_web_action, shown_on_pages, page_head, find_action
 from .websites import site_host, url_path
 
@@ -202,9 +202,7 @@ class PagerEnv(EnvWrapper):
 
 # %% ../../nbs/63_webgym_env.ipynb #a1c40e02
 _LABELLED = re.compile(r'^\s*(click\(\s*\d+\s*\))\s+".*"\s*$', re.S)
-_NUMBERED = re.compile(r"^((?:\d+|[A-Z])(?:\.\d+)+)\.?\s+(.{3,80})$")
-
-def _label(name: str | None) -> str: return " ".join((name or "").replace("\u00b6", " ").split())
+def _label(name: str | None) -> str: return _clean(name or "")   # the text as the rubric's facts hold it (no pilcrow, one space)
 
 def web_choices(data: dict | None, instruction: str = "", max_chars: int = 80) -> list[str]:
     "The admissible actions of the web view in `data` (its `axtree`, and `window` behind a pager) for a task saying `instruction`."
@@ -221,7 +219,7 @@ def web_choices(data: dict | None, instruction: str = "", max_chars: int = 80) -
     texts = {}
     for n in shown:
         if n.get("role") == "link" or not (name := _label(n.get("name"))): continue
-        for t in [name] + ([m.group(2)] if (m := _NUMBERED.match(name)) else []):
+        for t in [name] + ([m.group(2)] if (m := _SECTION.match(name)) else []):   # a numbered heading, as `heading_facts` reads it
             if len(compact(t)) >= 2 and len(t) <= max_chars: texts.setdefault(compact(t), t)
     return list(dict.fromkeys(out + [f"answer({json.dumps(t, ensure_ascii=False)})" for t in texts.values()]))
 
