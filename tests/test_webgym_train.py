@@ -96,10 +96,10 @@ def test_compare_arms_shares_one_warm_start(sites, tasks, tmp_path):
     run = Run(tmp_path, {})
     curves, _ = compare_arms(arms, load, sites, RunTasks(tasks[1:2], tasks[2:3], warm=tasks[:1]), [0], run=run)
     assert [c["arm"] for c in curves] == list(arms) and all(c["update"] == 0 for c in curves)
-    assert len([r for r in run.store.metrics() if "warm_start" in r]) == 2       # the judge is not part of the warm start
+    assert len([r for r in run.store.metrics() if "warm_start" in r]) == 1       # neither the judge nor the penalty is part of the warm start
     same = lambda a, b: all(torch.equal(a[k], b[k]) for k in a)
-    rubric, task_only, _ = (m.model.state_dict() for m in lms)
-    assert same(rubric, task_only)
+    rubric, task_only, no_penalty = (m.model.state_dict() for m in lms)
+    assert same(rubric, task_only) and same(rubric, no_penalty)
     assert not same(rubric, load_lm("tiny", seed=0).model.state_dict()), "the arms did not start from the warm start"
 
 

@@ -241,8 +241,8 @@ def train_webgym(lm, sites: dict[str, str], tasks: RunTasks, cfg: WebGymConfig, 
 # %% ../../nbs/64_webgym_train.ipynb #c209af7d
 def _warm_key(cfg: WebGymConfig, warm_tasks: list[Task]) -> tuple:
     "What a warm start depends on: arms equal in these share one warm start per seed."
-    return (cfg.format, cfg.history_k, cfg.max_new_tokens, cfg.run.max_turns, cfg.step_limit, cfg.budget_scale,
-            cfg.repetition_penalty, dataclasses.astuple(cfg.run.warm), cfg.sft_turns, cfg.verified_only, cfg.choose, tuple(t.id for t in warm_tasks))
+    return (cfg.format, cfg.history_k, cfg.max_new_tokens, cfg.run.max_turns, cfg.step_limit, cfg.budget_scale, cfg.page_window,
+            dataclasses.astuple(cfg.run.warm), cfg.sft_turns, cfg.verified_only, cfg.choose, tuple(t.id for t in warm_tasks))
 
 def _warm_start(lm, sites: dict[str, str], warm_tasks: list[Task], cfg: WebGymConfig) -> dict:
     "The warm start `rl.run.train` would run for `cfg`, on its own (so several arms can share it)."
