@@ -9,7 +9,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 from ..core import Task, Observation, Step, Trajectory
-from ..envs.core import Env, EnvWrapper, make_env
+from ..envs.core import Env, EnvWrapper, TaskRoutedEnv, make_env
 from ..agent import Agent
 from ..rl.config import RunConfig, GRPOConfig, PPOConfig
 from ..rl.run import RunHooks, RunTasks, restore_weights, snapshot_weights, train
@@ -18,9 +18,9 @@ from .experience import ExperienceModel, SyntheticEnv, cache_initial_states, tin
 from .curriculum import Curriculum, CurriculumConfig, TaskVariationGenerator
 
 # %% auto #0
-__all__ = ['MODES', 'InteractionCounter', 'split_purpose', 'CountingEnv', 'AbstractStateEnv', 'TaskRoutedEnv', 'S2RBudget',
-           'DreamGymConfig', 'SyntheticHooks', 'phase_curve', 'train_policy', 'PolicySpec', 'fresh_policy',
-           'row_config', 'dreamgym_row', 's2r_sweep', 'task_generator_check']
+__all__ = ['MODES', 'InteractionCounter', 'split_purpose', 'CountingEnv', 'AbstractStateEnv', 'S2RBudget', 'DreamGymConfig',
+           'SyntheticHooks', 'phase_curve', 'train_policy', 'PolicySpec', 'fresh_policy', 'row_config', 'dreamgym_row',
+           's2r_sweep', 'task_generator_check']
 
 # %% ../../nbs/54_dreamgym_train.ipynb #b670d44b
 class InteractionCounter:
@@ -56,27 +56,6 @@ class AbstractStateEnv(EnvWrapper):
     def step(self, action):
         st = self.inner.step(action)
         return Step(self._abs(st.obs), st.reward, st.done, st.info)
-
-# %% ../../nbs/54_dreamgym_train.ipynb #9ff8b1c8
-class TaskRoutedEnv(Env):
-    "Tasks whose id is in `real_ids` go to `real` (built lazily), all others to `default`."
-    def __init__(self, default: Env, real_factory: Callable[[], Env], real_ids: set[str]):
-        self.default, self.real_factory, self.real_ids = default, real_factory, set(real_ids)
-        self._real, self.cur = None, default
-        self.name = default.name
-    def reset(self, task):
-        if task.id in self.real_ids:
-            if self._real is None: self._real = self.real_factory()
-            self.cur = self._real
-        else: self.cur = self.default
-        return self.cur.reset(task)
-    def step(self, action): return self.cur.step(action)
-    def valid_actions(self): return self.cur.valid_actions()
-    def expert_action(self): return self.cur.expert_action()
-    def normalize(self, text): return self.cur.normalize(text)
-    def close(self):
-        self.default.close()
-        if self._real is not None: self._real.close()
 
 # %% ../../nbs/54_dreamgym_train.ipynb #51146a59
 MODES = ("real", "dreamgym", "dreamgym_s2r")

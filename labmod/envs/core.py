@@ -13,7 +13,7 @@ from ..lab.store import without_surrogates
 # %% auto #0
 __all__ = ['ENV_MODULES', 'EnvError', 'MissingDependency', 'Env', 'EnvWrapper', 'normalize_text', 'sort_item_lines',
            'action_text', 'register_env', 'make_env', 'list_tasks', 'env_names', 'SharedEnvs', 'env_factory',
-           'RoutingEnv']
+           'RoutingEnv', 'TaskRoutedEnv']
 
 # %% ../../nbs/10_envs.ipynb #4d3424a6
 class EnvError(RuntimeError):
@@ -171,3 +171,24 @@ class RoutingEnv(Env):
     def close(self) -> None:
         for e in self.envs.values(): e.close()
         self.envs.clear(); self.current = None
+
+# %% ../../nbs/10_envs.ipynb #5b0e7d22
+class TaskRoutedEnv(Env):
+    "Tasks whose id is in `routed_ids` go to the env `routed_factory` builds (lazily), all others to `default`."
+    def __init__(self, default: Env, routed_factory: Callable[[], Env], routed_ids: set[str]):
+        self.default, self.routed_factory, self.routed_ids = default, routed_factory, set(routed_ids)
+        self._routed, self.cur = None, default
+        self.name = default.name
+    def reset(self, task: Task) -> Observation:
+        if task.id in self.routed_ids:
+            if self._routed is None: self._routed = self.routed_factory()
+            self.cur = self._routed
+        else: self.cur = self.default
+        return self.cur.reset(task)
+    def step(self, action: str) -> Step: return self.cur.step(action)
+    def valid_actions(self) -> list[str]: return self.cur.valid_actions()
+    def expert_action(self) -> str | None: return self.cur.expert_action()
+    def normalize(self, text: str) -> str: return self.cur.normalize(text)
+    def close(self) -> None:
+        self.default.close()
+        if self._routed is not None: self._routed.close()

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 import torch
 from ..core import Task
-from ..envs.core import Env, SharedEnvs, env_factory, list_tasks
+from ..envs.core import Env, SharedEnvs, TaskRoutedEnv, env_factory, list_tasks
 from ..agent import Agent, AgentState
 from ..models import load_lm
 from ..rollout import RolloutEngine, RolloutConfig
@@ -53,14 +53,18 @@ def check_target_budget(agent: Agent, tasks: list[Task]) -> None:
 
 
 # %% ../../nbs/43_s2s_pipeline.ipynb #e8bcce1f
-def s2s_stage(agent: Agent, dataset: S2SDataset, make: Callable[[], Env], cfg: RunConfig, store=None) -> dict:
-    "State2State GRPO on `dataset`'s train targets, evaluated on its validation targets; `cfg.keep` says which weights stay."
+def s2s_stage(agent: Agent, dataset: S2SDataset, make: Callable[[], Env], cfg: RunConfig, store=None,
+              train_make: Callable[[], Env] | None = None) -> dict:
+    """State2State GRPO on `dataset`'s train targets, evaluated on its validation targets in `make`'s env; `cfg.keep`
+    says which weights stay. `train_make`: the env the train targets are played in instead (an experience model's
+    `SyntheticEnv`, whose reset takes a source task's initial state); the validation targets stay in `make`'s."""
     if not dataset.tasks_train or not dataset.tasks_val:
         raise ValueError(f"the s2s stage needs train and validation targets, got {len(dataset.tasks_train)} and "
                          f"{len(dataset.tasks_val)}: explore more (tasks or steps) or raise S2SBuildConfig.n_targets / val_size")
     sr_agent = dataclasses.replace(agent, format=STATE_REACHING_FORMAT)
     check_target_budget(sr_agent, dataset.tasks_train + dataset.tasks_val)
-    envs = lambda: StateReachingEnv(make(), max_steps=cfg.max_turns)
+    reach = lambda m: (lambda: StateReachingEnv(m(), max_steps=cfg.max_turns))
+    envs = reach(make) if train_make is None else lambda: TaskRoutedEnv(reach(train_make)(), reach(make), {t.id for t in dataset.tasks_val})
     return train(sr_agent, envs, RunTasks(dataset.tasks_train, {"state_reaching": dataset.tasks_val}), cfg, store=store)
 
 def task_rl_stage(agent: Agent, make: Callable[[], Env], train_tasks: list[Task], eval_tasks: list[Task], cfg: RunConfig,
