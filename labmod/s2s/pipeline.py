@@ -56,8 +56,8 @@ def check_target_budget(agent: Agent, tasks: list[Task]) -> None:
 def s2s_stage(agent: Agent, dataset: S2SDataset, make: Callable[[], Env], cfg: RunConfig, store=None,
               train_make: Callable[[], Env] | None = None) -> dict:
     """State2State GRPO on `dataset`'s train targets, evaluated on its validation targets in `make`'s env; `cfg.keep`
-    says which weights stay. `train_make`: the env the train targets are played in instead (an experience model's
-    `SyntheticEnv`, whose reset takes a source task's initial state); the validation targets stay in `make`'s."""
+    says which weights stay. `train_make`: the env the train targets are played in instead (e.g. a learned model of the
+    env, whose reset takes a source task's initial state); the validation targets stay in `make`'s."""
     if not dataset.tasks_train or not dataset.tasks_val:
         raise ValueError(f"the s2s stage needs train and validation targets, got {len(dataset.tasks_train)} and "
                          f"{len(dataset.tasks_val)}: explore more (tasks or steps) or raise S2SBuildConfig.n_targets / val_size")
